@@ -1,0 +1,85 @@
+"""The interface every policy implements: given what happened so far, propose the next candidate.
+
+A policy is small on purpose (mini-swe-agent's Model): the graph owns the loop, the database and the budgets;
+the policy only turns context into a proposal and reports the model traffic it caused, so that traffic is logged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class AttemptView:
+    """What a policy may see of one earlier attempt (a row of the attempts table, trimmed)."""
+    id: int
+    number: int
+    branch: int
+    language: str
+    source: str
+    verdict: str
+    reasons: list[str]
+    time_us: float | None          # median kernel time
+    speedup_eager: float | None
+    speedup_compile: float | None
+    sol_fraction: float | None
+    diagnosis: str                 # the reflect node's reading of the counters
+    result: dict                   # the evaluator's whole result dict
+
+
+@dataclass
+class ProposeContext:
+    run_id: str
+    branch: int
+    turn: int
+    target_name: str
+    target_source: str             # the main shape only; hidden variants are never shown
+    language: str                  # triton, ptx or auto
+    gpu: dict | None               # evaluator's gpu dict, None without a GPU
+    history: list[AttemptView]     # this branch's attempts, oldest first
+    best: AttemptView | None       # the run's best verified attempt (shared across branches)
+    budget_left: dict = field(default_factory=dict)  # attempts / seconds / cost left
+    tool_results: list[dict] = field(default_factory=list)  # answers to the proposal's inspection tool calls
+
+
+@dataclass
+class Message:
+    """One logged exchange with a model or tool (stored in the messages table)."""
+    role: str                      # request, response, tool_call, tool_result, error
+    content: Any                   # full JSON-able body
+    provider: str = ""
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    latency_s: float = 0.0
+    cost_usd: float = 0.0
+
+
+@dataclass
+class Proposal:
+    language: str                  # triton or ptx
+    source: str                    # a module defining ModelNew
+    reasoning: str                 # why this candidate, in words
+    messages: list[Message] = field(default_factory=list)
+    done: bool = False             # the policy has nothing more to try
+    # Inspection tool calls ({id, name, input}) the graph's tool node must answer before the policy proposes;
+    # when present, source may be empty.
+    tool_calls: list[dict] = field(default_factory=list)
+    format_error: str = ""         # the model answered with no usable candidate (logged, the loop goes on)
+
+
+class PolicyError(Exception):
+    """A policy cannot go on (missing key, no seed kernel for a user target, ...): one line for the user."""
+
+
+class Policy(Protocol):
+    name: str
+    model: str
+
+    def propose(self, ctx: ProposeContext) -> Proposal: ...
+
+    def reflect(self, ctx: ProposeContext, attempt: AttemptView) -> tuple[str, list[Message]]:
+        """The policy's own reflection on an attempt it just saw evaluated (may be empty)."""
+        ...

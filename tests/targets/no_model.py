@@ -1,0 +1,6 @@
+def get_inputs():
+    return []
+
+
+def get_init_inputs():
+    return []
