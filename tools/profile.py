@@ -1,0 +1,465 @@
+"""Measuring on the GPU: device facts, NVML snapshots, interleaved event timing, roofline, Nsight Compute.
+
+Read-only towards the GPU: NVML is only queried, and ncu always runs with `--clock-control none`.
+Imports of torch / pynvml happen inside the functions so this module loads anywhere.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+# Dense (no sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets; fp32 is the non-tensor FMA peak.
+# More specific names first: "H100 PCIe" must match before "H100".
+PEAK_TFLOPS = (
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
+    ("H200 NVL", {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0}),
+    ("H100", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
+    ("H200", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+)
+PEAK_DTYPES = ("bf16", "fp16", "tf32", "fp32")
+
+# NVML clock-event ("throttle") reason bits.
+CLOCK_EVENT_REASONS = {
+    0x1: "GpuIdle",
+    0x2: "AppClocks",
+    0x4: "SwPowerCap",
+    0x8: "HwSlowdown",
+    0x10: "SyncBoost",
+    0x20: "SwThermal",
+    0x40: "HwThermal",
+    0x80: "HwPowerBrake",
+    0x100: "DisplayClock",
+}
+THROTTLING = ("SwPowerCap", "HwSlowdown", "SwThermal", "HwThermal", "HwPowerBrake")
+
+
+def peak_tflops_for(name: str) -> dict[str, float | None]:
+    """Datasheet peaks by GPU name; every dtype None for a GPU not in the table."""
+    for key, peaks in PEAK_TFLOPS:
+        if key.lower() in name.lower():
+            return dict(peaks)
+    return dict.fromkeys(PEAK_DTYPES)
+
+
+def _nvml_handle(pynvml, device: int):
+    """NVML's handle for CUDA device `device` (CUDA_VISIBLE_DEVICES renumbers CUDA devices, NVML does not).
+
+    By UUID when this process already uses CUDA; otherwise from CUDA_VISIBLE_DEVICES, so that a snapshot never
+    initializes CUDA itself (a process that forks workers must not).
+    """
+    try:
+        import torch
+
+        if torch.cuda.is_initialized():
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except (ImportError, AttributeError, pynvml.NVMLError):
+        pass
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if device < len(visible):
+        chosen = visible[device]
+        if chosen.isdigit():
+            return pynvml.nvmlDeviceGetHandleByIndex(int(chosen))
+        return pynvml.nvmlDeviceGetHandleByUUID(chosen)
+    return pynvml.nvmlDeviceGetHandleByIndex(device)
+
+
+def _nvml_read(getter, *args):
+    """One NVML getter, None where this GPU or driver does not support it."""
+    import pynvml
+
+    try:
+        return getter(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+def _with_nvml(device: int, read: Callable):
+    """read(pynvml, handle) inside one NVML session; None when NVML or its driver is not there."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no pynvml, no driver, no libnvidia-ml: no NVML facts
+        return None
+    try:
+        return read(pynvml, _nvml_handle(pynvml, device))
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvml_facts(pynvml, handle) -> dict:
+    bus_bits = _nvml_read(pynvml.nvmlDeviceGetMemoryBusWidth, handle)
+    mem_mhz = _nvml_read(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM)
+    return {
+        "driver": _nvml_read(pynvml.nvmlSystemGetDriverVersion),
+        # double data rate, bits -> bytes, MB/s -> GB/s
+        "peak_gbps": bus_bits * mem_mhz * 2 / 8 / 1000 if bus_bits and mem_mhz else None,
+    }
+
+
+def gpu_info(device: int = 0) -> dict | None:
+    """Facts about a CUDA GPU for the evaluator's `gpu` entry; None when there is no GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(device)
+    nvml = _with_nvml(device, _nvml_facts) or {}
+    peak_gbps = nvml.get("peak_gbps")
+    if peak_gbps is None and getattr(props, "memory_bus_width", 0) and getattr(props, "memory_clock_rate", 0):
+        peak_gbps = props.memory_bus_width * props.memory_clock_rate * 2 / 8 / 1e6  # kHz -> GB/s
+    info = {
+        "name": props.name,
+        "sms": props.multi_processor_count,
+        "l2_bytes": props.L2_cache_size,
+        "cc": f"{props.major}.{props.minor}",
+        "total_memory_bytes": props.total_memory,
+        "driver": nvml.get("driver"),
+        "cuda": torch.version.cuda,
+        "peak_gbps": peak_gbps,
+    }
+    info.update({f"peak_tflops_{dtype}": value for dtype, value in peak_tflops_for(props.name).items()})
+    return info
+
+
+def decode_clock_event_reasons(mask: int) -> list[str]:
+    """Names of the NVML clock-event reason bits set in `mask`."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(CLOCK_EVENT_REASONS)
+    return names + ([f"0x{unknown:x}"] if unknown else [])
+
+
+def nvml_snapshot(device: int = 0) -> dict | None:
+    """Clocks, power, temperature, clock-event reasons and energy of a GPU now; None without NVML. Read-only."""
+    def read(pynvml, handle):
+        power_mw = _nvml_read(pynvml.nvmlDeviceGetPowerUsage, handle)
+        events = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = _nvml_read(events, handle)
+        return {
+            "time": time.time(),
+            "sm_clock_mhz": _nvml_read(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": _nvml_read(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM),
+            "max_sm_clock_mhz": _nvml_read(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM),
+            "max_mem_clock_mhz": _nvml_read(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM),
+            "power_w": None if power_mw is None else power_mw / 1000,
+            "temperature_c": _nvml_read(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
+            "clock_event_reasons": None if mask is None else decode_clock_event_reasons(mask),
+            "energy_mj": _nvml_read(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle),
+        }
+
+    return _with_nvml(device, read)
+
+
+def throttle_reasons(before: dict | None, after: dict | None) -> list[str]:
+    """The throttling clock-event reasons (power cap, thermal, hardware slowdown) seen in either snapshot."""
+    seen = set()
+    for snapshot in (before, after):
+        seen.update((snapshot or {}).get("clock_event_reasons") or ())
+    return [reason for reason in THROTTLING if reason in seen]
+
+
+def summarize(samples_ms: list[float]) -> dict:
+    """Statistics of kernel times given in milliseconds, reported in microseconds (cv is unitless)."""
+    if not samples_ms:
+        raise ValueError("summarize needs at least one sample")
+    us = sorted(float(s) * 1000 for s in samples_ms)
+    q1, median, q3 = statistics.quantiles(us, n=4, method="inclusive") if len(us) > 1 else (us[0],) * 3
+    mean = statistics.fmean(us)
+    stdev = statistics.stdev(us) if len(us) > 1 else 0.0
+    return {"median": median, "q1": q1, "q3": q3, "iqr": q3 - q1, "min": us[0], "max": us[-1], "n": len(us),
+            "mean": mean, "cv": stdev / mean if mean else 0.0}
+
+
+LAUNCH_COVER_CYCLES = 1_000_000  # about 0.5 ms at Hopper's ~2 GHz SM clock
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], calls: int = 30, warmup: int = 5,
+                     flush_bytes: int | None = None) -> dict[str, dict]:
+    """Time several callables round-robin on the current CUDA device, so clock drift hits them alike.
+
+    Each timed call starts with a cold L2 (a buffer of 2x the L2 size is written first, then waited for), runs behind a
+    short GPU spin that hides the host's launch path, is bracketed by CUDA events on the current stream and waited for
+    device-wide: the event time is the GPU time of the callable's kernels, as Nsight Compute would measure it.
+    The host wall clock around each call is summed too: events_total_ms must not exceed wall_total_ms; much smaller
+    events than wall time means work ran outside the current stream.
+    """
+    import torch
+
+    if not fns:
+        raise ValueError("time_interleaved needs at least one callable")
+    if calls < 1 or warmup < 0:
+        raise ValueError(f"calls must be >= 1 and warmup >= 0, got calls={calls}, warmup={warmup}")
+    if flush_bytes is None:
+        flush_bytes = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    flush = torch.empty(max(flush_bytes, 0), dtype=torch.uint8, device="cuda")
+
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    torch.cuda.synchronize()
+
+    events: dict[str, list] = {name: [] for name in names}
+    wall_s = dict.fromkeys(names, 0.0)
+    for round_index in range(calls):
+        # Rotate the order each round so no callable always runs right after the same neighbour.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            if flush.numel():
+                flush.zero_()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            began = time.perf_counter()
+            # Keep the GPU busy while the host runs the launch path (Triton's and CuPy's take tens of us), so the
+            # events time the kernels, not Python; a launch slower than the spin still shows up in full.
+            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
+            start.record()
+            fns[name]()
+            end.record()
+            torch.cuda.synchronize()
+            wall_s[name] += time.perf_counter() - began
+            events[name].append((start, end))
+
+    results = {}
+    for name in names:
+        samples = [start.elapsed_time(end) for start, end in events[name]]
+        results[name] = summarize(samples) | {"events_total_ms": sum(samples), "wall_total_ms": wall_s[name] * 1000}
+    return results
+
+
+def _tensors_in(value) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors_in(item)]
+    return []
+
+
+def _unique_bytes(tensors) -> int:
+    """Bytes spanned by the tensors, each storage counted once (a tensor passed twice, or two views, count once)."""
+    spans: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        extent = (sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1) * t.element_size()
+        storage = t.untyped_storage()
+        spans[(t.device, storage.data_ptr())].append((t.data_ptr(), t.data_ptr() + extent))
+    total = 0
+    for ranges in spans.values():
+        reach = None
+        for lo, hi in sorted(ranges):
+            if reach is None or lo >= reach:
+                total += hi - lo
+                reach = hi
+            elif hi > reach:
+                total += hi - reach
+                reach = hi
+    return total
+
+
+def count_bytes_and_flops(model, inputs, outputs) -> tuple[int, int]:
+    """(unique bytes read and written, FLOPs) of one forward: the minimum traffic a perfect kernel must move.
+
+    Bytes: distinct input storages (parameters and buffers included: a kernel must read its weights) plus outputs.
+    FLOPs: torch's FlopCounterMode over model(*inputs); elementwise ops count 0 (they are memory-bound anyway).
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    weights = list(model.parameters()) + list(model.buffers()) if isinstance(model, torch.nn.Module) else []
+    read_bytes = _unique_bytes(_tensors_in(list(inputs)) + weights)
+    written_bytes = _unique_bytes(_tensors_in(outputs))
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(*inputs)
+    return read_bytes + written_bytes, int(counter.get_total_flops())
+
+
+def _dtype_key(dtype) -> str | None:
+    """The peak-table key of a torch dtype or key string; None for dtypes with no peak in the table (int, fp64)."""
+    import torch
+
+    by_torch = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    if dtype in by_torch:
+        return by_torch[dtype]
+    if isinstance(dtype, str):
+        if dtype not in PEAK_DTYPES:
+            raise ValueError(f"unknown dtype key {dtype!r}; use one of {PEAK_DTYPES} or a torch dtype")
+        return dtype
+    return None
+
+
+def roofline(bytes_moved: int, flops: int, gpu: dict | None, time_us: float | None, dtype) -> dict:
+    """Speed of light: the time the GPU's peak bandwidth or peak FLOP rate allows, whichever is longer.
+
+    Without a known FLOP peak for the dtype (fp64, integers, a GPU not in the table) only the memory bound counts.
+    """
+    key = _dtype_key(dtype)
+    peak_gbps = (gpu or {}).get("peak_gbps")
+    peak_tflops = (gpu or {}).get(f"peak_tflops_{key}") if key else None
+    memory_us = bytes_moved / (peak_gbps * 1e3) if peak_gbps else None          # GB/s = 1e3 bytes/us
+    compute_us = flops / (peak_tflops * 1e6) if peak_tflops and flops else 0.0  # TFLOP/s = 1e6 flop/us
+    if memory_us is None:
+        sol_us, bound = None, None
+    else:
+        sol_us = max(memory_us, compute_us)
+        bound = "compute" if compute_us > memory_us else "memory"
+    return {
+        "bytes": bytes_moved,
+        "flops": flops,
+        "dtype": key,
+        "bound": bound,
+        "memory_us": memory_us,
+        "compute_us": compute_us if peak_tflops else None,
+        "sol_us": sol_us,
+        "sol_fraction": sol_us / time_us if sol_us is not None and time_us else None,
+        "peak_gbps": peak_gbps,
+        "peak_tflops": peak_tflops,
+    }
+
+
+# ---- Nsight Compute ----
+
+NCU_STALL_REASONS = (
+    "barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle", "long_scoreboard",
+    "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction", "not_selected", "short_scoreboard",
+    "sleeping", "tex_throttle", "wait",
+)
+_STALL_PREFIX, _STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+NCU_METRICS = {
+    "gpu__time_duration.sum": "gpu_time",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_pct",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_pct",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
+    "lts__t_sector_hit_rate.pct": "l2_hit_pct",
+} | {f"{_STALL_PREFIX}{reason}{_STALL_SUFFIX}": f"stall:{reason}" for reason in NCU_STALL_REASONS}
+_TIME_UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+                 "second": 1e6, "s": 1e6}
+
+
+class NcuError(RuntimeError):
+    """Nsight Compute is missing, failed, or timed out."""
+
+
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for candidate in ["/usr/local/cuda/bin/ncu", *sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"))]:
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def ncu_command(argv: list[str], out_csv: str, kernel_regex: str | None = None,
+                launch_count: int | None = None, ncu: str = "ncu") -> list[str]:
+    """The ncu command line profiling `argv`; the CSV (raw page) goes to `out_csv`, the program's output stays apart.
+
+    --clock-control none always: ncu's default locks the clocks, and the GPU's settings must be left alone.
+    """
+    command = [ncu, "--clock-control", "none", "--target-processes", "all", "--csv", "--page", "raw",
+               "--print-units", "base", "--metrics", ",".join(NCU_METRICS), "--log-file", out_csv]
+    if kernel_regex:
+        command += ["--kernel-name", f"regex:{kernel_regex}"]
+    if launch_count:
+        command += ["--launch-count", str(launch_count)]
+    return command + list(argv)
+
+
+def _number(text: str) -> float | None:
+    text = text.strip().replace(",", "")
+    try:
+        return float(text)
+    except ValueError:
+        return None  # "n/a" and empty cells
+
+
+def parse_ncu_csv(text: str) -> dict[str, dict]:
+    """Per kernel name, the metrics of `ncu --csv --page raw` averaged over its launches."""
+    rows = list(csv.reader(io.StringIO("\n".join(
+        line for line in text.splitlines() if line.strip() and not line.startswith("=")))))
+    header_at = next((i for i, row in enumerate(rows) if "Kernel Name" in row), None)
+    if header_at is None:
+        return {}
+    header = rows[header_at]
+    name_col = header.index("Kernel Name")
+    body = rows[header_at + 1:]
+    units = dict.fromkeys(header, "")
+    if body and not body[0][name_col].strip():  # the units row has no kernel name
+        units = dict(zip(header, body[0]))
+        body = body[1:]
+
+    sums: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    launches: dict[str, int] = defaultdict(int)
+    for row in body:
+        if len(row) != len(header):
+            continue
+        kernel = row[name_col]
+        launches[kernel] += 1
+        for column, cell in zip(header, row):
+            if column in NCU_METRICS and (value := _number(cell)) is not None:
+                if column == "gpu__time_duration.sum":
+                    value *= _TIME_UNIT_US.get(units.get(column, "").strip(), 1e-3)  # ncu's base unit is ns
+                sums[kernel][NCU_METRICS[column]].append(value)
+
+    parsed = {}
+    for kernel, count in launches.items():
+        mean = {key: statistics.fmean(values) for key, values in sums[kernel].items()}
+        stalls = {key.split(":", 1)[1]: value for key, value in mean.items() if key.startswith("stall:")}
+        parsed[kernel] = {
+            "launches": count,
+            "gpu_time_us": mean.get("gpu_time"),
+            "dram_pct": mean.get("dram_pct"),
+            "sm_pct": mean.get("sm_pct"),
+            "achieved_occupancy_pct": mean.get("achieved_occupancy_pct"),
+            "l2_hit_pct": mean.get("l2_hit_pct"),
+            "stalls": stalls,
+            "top_stalls": sorted(stalls.items(), key=lambda kv: (-kv[1], kv[0]))[:3],
+        }
+    return parsed
+
+
+def run_ncu(argv: list[str], env: dict | None = None, kernel_regex: str | None = None, timeout_s: float = 300,
+            launch_count: int | None = None) -> dict[str, dict]:
+    """Profile the program `argv` under Nsight Compute and parse its metrics ({} when no kernel matched)."""
+    ncu = find_ncu()
+    if ncu is None:
+        raise NcuError("ncu (Nsight Compute) not found on PATH, in /usr/local/cuda/bin or /opt/nvidia/nsight-compute")
+    with tempfile.TemporaryDirectory(prefix="kloop-ncu-") as tmp:
+        out_csv = str(Path(tmp) / "ncu.csv")
+        command = ncu_command(argv, out_csv, kernel_regex, launch_count, ncu=ncu)
+        # Own process group, so a timeout kills ncu and the program it profiles together.
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise NcuError(f"ncu timed out after {timeout_s:g} s") from None
+        log = Path(out_csv).read_text(errors="replace") if Path(out_csv).exists() else ""
+        problems = [line for line in (log + "\n" + stderr).splitlines() if line.startswith("==ERROR==")]
+        if process.returncode != 0 or problems:
+            detail = "; ".join(problems) or (stderr.strip() or stdout.strip())[-500:] or "no output"
+            raise NcuError(f"ncu exited with status {process.returncode}: {detail}")
+        return parse_ncu_csv(log)
