@@ -42,11 +42,23 @@ def _import_file(path: str, name: str):
     return module
 
 
-def _write_tensor(t: torch.Tensor, path: str) -> dict:
+def _raw_bytes(t: torch.Tensor) -> torch.Tensor:
     flat = t.detach().contiguous().reshape(-1)
-    raw = flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)
+    return flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)
+
+
+def _send_tensor(t: torch.Tensor, path: str, buffer: dict | None) -> dict:
+    """Hand an output to the trusted side: into its GPU buffer when it gave one of the right size, else a raw file."""
+    meta = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+    raw = _raw_bytes(t)
+    if buffer is not None and raw.is_cuda and raw.numel() == buffer["nbytes"]:
+        from sandbox.ipc import open_shared_buffer
+
+        open_shared_buffer(buffer).copy_(raw)
+        torch.cuda.synchronize()
+        return dict(meta, buffer=True)
     raw.cpu().numpy().tofile(path)
-    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "file": path}
+    return dict(meta, file=path)
 
 
 class Worker:
@@ -105,7 +117,7 @@ class Worker:
         self._forget(harness.flatten_outputs(out))
         return {"status": "ok", "resources": self._resources(), "ptx": self._ptx_kernels()}
 
-    def trial(self, shape: int, seed: int, out_prefix: str) -> dict:
+    def trial(self, shape: int, seed: int, out_prefix: str, buffers: list | None = None) -> dict:
         with self._shape(shape):
             inputs = make_inputs(self.target, seed)
             before = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -122,7 +134,9 @@ class Worker:
                 problems.append(f"input {i} was modified by forward (inputs must be left unchanged)")
         files = []
         if not problems:
-            files = [_write_tensor(t, f"{out_prefix}.{i}.bin") for i, t in enumerate(outputs)]
+            buffers = buffers or []
+            files = [_send_tensor(t, f"{out_prefix}.{i}.bin", buffers[i] if i < len(buffers) else None)
+                     for i, t in enumerate(outputs)]
         self._forget(outputs)
         return {"status": "ok", "problems": problems, "outputs": files, "launches": self.watch.launches,
                 "forbidden_ops": self.watch.forbidden_ops}
@@ -211,7 +225,11 @@ class Worker:
         for name, compiled in self.watch.compiled.items():
             rows.append(dict(assemble.triton_kernel_resources(compiled), source="triton"))
         for name, kernel in getattr(self, "_ptx_objects", {}).items():
-            rows.append(dict(kernel.resources, kernel=name, source="ptxas"))
+            row = dict(kernel.resources, kernel=name, source="ptxas", spills=kernel.resources["spill_stores_bytes"] // 4)
+            if kernel.last_launch:  # what the launch asked for decides occupancy as much as what ptxas reports
+                row["threads"] = kernel.last_launch["threads"]
+                row["shared_bytes"] = kernel.resources["shared_bytes"] + kernel.last_launch["shared_mem"]
+            rows.append(row)
         if not rows:
             rows = [{"kernel": n, "source": "triton-interpreter"} for n in sorted(self.watch.triton_names)]
         return rows

@@ -17,6 +17,8 @@ from tools import rules
 from tools.evaluate import VERDICTS, EvalSettings, evaluate
 from tools.target import TargetError, load_target
 
+from conftest import HAS_GPU
+
 HERE = Path(__file__).parent
 CANDIDATES = HERE / "candidates"
 REPO = HERE.parent
@@ -47,7 +49,10 @@ def test_honest_kernel_is_credited(tiny, pool):
     r = judge(tiny, "honest_add", pool)
     assert r["verdict"] == "correct", r["reasons"]
     assert r["correctness"]["trials"] >= 5 and r["correctness"]["max_abs_err"] <= 1e-6
-    assert r["executed_on"] == "cpu-interpreter" and r["time_us"] is None and "no timing is real" in r["timing_note"]
+    if HAS_GPU:
+        assert r["executed_on"] == "cuda" and r["time_us"]["n"] >= 30 and r["speedup"]["eager"] > 0
+    else:
+        assert r["executed_on"] == "cpu-interpreter" and r["time_us"] is None and "no timing is real" in r["timing_note"]
     assert r["resources"][0]["kernel"] == "add_kernel"
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from sandbox.ipc import share_buffer
 from sandbox.pool import WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout, scrubbed_env
 from tools import profile, rules, verify
 from tools.numerics import pin_numeric_flags
@@ -158,8 +159,13 @@ class Evaluation:
                 count = self.settings.trials if index == 0 else self.settings.variant_trials
                 for trial in range(count):
                     seed = derive_seed(self.settings.seed, "trial", index, trial)
+                    with torch.no_grad():
+                        expected = verify_outputs_of(reference, make_inputs(self.target, seed))
+                    lent = [share_buffer(ref.numel() * ref.element_size(), DEVICE) for ref in expected] \
+                        if DEVICE.type == "cuda" else []
                     reply = self._call(self.settings.run_timeout_s, cmd="trial", shape=index, seed=seed,
-                                       out_prefix=str(self.worker.workdir / f"out-{index}-{trial}"))
+                                       out_prefix=str(self.worker.workdir / f"out-{index}-{trial}"),
+                                       buffers=[desc for _, desc in lent])
                     if not self._ok(reply):
                         return
                     trials += 1
@@ -172,9 +178,7 @@ class Evaluation:
                                             "(its own Triton or PTX kernels must do the work)")
                     if reply.get("problems"):
                         return self._finish("incorrect", *reply["problems"])
-                    with torch.no_grad():
-                        expected = verify_outputs_of(reference, make_inputs(self.target, seed))
-                    reasons = self._compare(reply.get("outputs", []), expected, worst)
+                    reasons = self._compare(reply.get("outputs", []), expected, [buf for buf, _ in lent], worst)
                     self._discard_files(reply)
                     if reasons:
                         where = f"shape {index} ({'main' if index == 0 else 'hidden variant'}), trial {trial + 1}"
@@ -183,13 +187,16 @@ class Evaluation:
         self.result["correctness"] = dict(worst, trials=trials, shapes=len(self.shapes))
         self.result["verdict"] = "correct"
 
-    def _compare(self, metas: list, expected: list, worst: dict) -> list[str]:
+    def _compare(self, metas: list, expected: list, lent: list, worst: dict) -> list[str]:
         if len(metas) != len(expected):
             return [f"forward returned {len(metas)} outputs, the reference returns {len(expected)}"]
         reasons = []
         for i, (meta, ref) in enumerate(zip(metas, expected)):
             try:
-                out = verify.read_output(meta, self.worker.workdir, DEVICE)
+                if meta.get("buffer") and i < len(lent):
+                    out = verify.view_buffer(meta, lent[i])
+                else:
+                    out = verify.read_output(meta, self.worker.workdir, DEVICE)
             except (ValueError, OSError) as e:
                 return [f"output {i}: {e}"]
             found, stats = verify.compare(out, ref, i)
@@ -348,7 +355,8 @@ class Evaluation:
 
     def _discard_files(self, reply: dict) -> None:
         for meta in reply.get("outputs", []):
-            Path(meta.get("file", "")).unlink(missing_ok=True)
+            if meta.get("file"):
+                Path(meta["file"]).unlink(missing_ok=True)
 
     def _finish(self, verdict: str, *reasons: str) -> None:
         self.result["verdict"] = verdict
@@ -362,6 +370,8 @@ class Evaluation:
             self.result["stderr"] = self.worker.stderr()
             self.worker.close()
             self.worker = None
+        if DEVICE.type == "cuda":
+            torch.cuda.ipc_collect()  # free the output buffers lent to the worker, now that it is gone
         self.result["durations_s"]["total"] = round(time.perf_counter() - self._started, 3)
         return self.result
 

@@ -50,6 +50,17 @@ def read_output(meta: dict, workdir: Path, device: torch.device) -> torch.Tensor
     return t.reshape(shape).to(device)
 
 
+def view_buffer(meta: dict, buffer: torch.Tensor) -> torch.Tensor:
+    """An output the worker copied into a buffer we lent it: our bytes, read as the dtype and shape it claims."""
+    dtype = DTYPES.get(meta.get("dtype"))
+    if dtype is None or dtype == torch.bool:
+        raise ValueError(f"output dtype {meta.get('dtype')!r} cannot come back through a buffer")
+    shape = [int(s) for s in meta.get("shape", [])]
+    if int(np.prod(shape)) * buffer.new_empty(0, dtype=dtype).element_size() != buffer.numel():
+        raise ValueError(f"output shape {shape} of {dtype} does not fill the {buffer.numel()} bytes it was given")
+    return buffer.view(dtype).reshape(shape)
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0) -> tuple[list[str], dict]:
     """Reasons the output is wrong (empty if right) and the error statistics."""
     if out.dtype != ref.dtype:
