@@ -1,0 +1,262 @@
+"""`kloop optimize`, `kloop resume`, `kloop runs`, `kloop show`: start, continue and look at optimization runs."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+
+from agent.cmd_eval import fail
+
+DEFAULT_DB = Path("runs/kloop.db")
+POLICIES = ("offline", "anthropic", "openai", "replay")
+LANGUAGES = ("triton", "ptx", "auto")
+console = Console()
+
+
+def optimize_command(
+    target: str = typer.Argument(..., help="A built-in target name (see `kloop targets`) or a path to a KernelBench-style module."),
+    policy: Optional[str] = typer.Option(None, help="offline, anthropic, openai or replay (default: anthropic when ANTHROPIC_API_KEY is set, else offline)."),
+    language: str = typer.Option("auto", help="triton, ptx or auto (the policy chooses)."),
+    max_attempts: int = typer.Option(20, min=1, help="Stop after this many attempts."),
+    hours: Optional[float] = typer.Option(None, min=0, help="Stop after this much active wall-clock time."),
+    branches: int = typer.Option(1, min=1, help="Parallel lineages sharing the run's best."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database (created if missing)."),
+    seed_kernel: Optional[Path] = typer.Option(None, help="A kernel to start from; the offline policy tunes its UPPERCASE constants."),
+    target_sol: float = typer.Option(0.9, min=0, help="Stop once the best kernel reaches this fraction of speed-of-light."),
+    patience: int = typer.Option(20, min=1, help="Stop after this many attempts without a new best."),
+    max_cost: Optional[float] = typer.Option(None, min=0, help="Stop once model calls cost this many US dollars."),
+    max_tokens: Optional[int] = typer.Option(None, min=1, help="Stop once model calls used this many tokens."),
+    model: Optional[str] = typer.Option(None, help="Model id for the anthropic/openai policies."),
+    base_url: Optional[str] = typer.Option(None, help="API base URL for the anthropic/openai policies."),
+    from_run: Optional[str] = typer.Option(None, "--from", help="replay policy: the run whose proposals to replay."),
+) -> None:
+    """Optimize one target's kernel: write, assemble, verify, profile, reflect, log; repeat until a stop rule."""
+    from tools.store import StoreError, open_db
+
+    policy = policy or ("anthropic" if os.environ.get("ANTHROPIC_API_KEY") else "offline")
+    if policy not in POLICIES:
+        fail(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+    if language not in LANGUAGES:
+        fail(f"unknown language {language!r} (one of {', '.join(LANGUAGES)})")
+    if seed_kernel is not None and not seed_kernel.is_file():
+        fail(f"no seed kernel file {seed_kernel}")
+    if policy == "replay" and not from_run:
+        fail("the replay policy needs --from RUN_ID")
+    settings = {
+        "target": target if not Path(target).is_file() else str(Path(target).resolve()), "language": language,
+        "max_attempts": max_attempts, "hours": hours, "branches": branches, "target_sol": target_sol,
+        "patience": patience, "max_cost_usd": max_cost, "max_tokens": max_tokens,
+        "seed_kernel": str(seed_kernel.resolve()) if seed_kernel else None, "model": model, "base_url": base_url,
+        "from_run": from_run,
+    }
+    tgt = _load_target(target)
+    try:
+        store = open_db(db)
+    except StoreError as e:
+        fail(str(e))
+    policy_obj = _make_policy(policy, settings, tgt, store)
+    run_id = store.create_run(target_name=tgt.name, target_source=tgt.source, target_sha256=tgt.sha256,
+                              policy=policy, model=policy_obj.model, settings=settings,
+                              parent_run_id=from_run, parent_kind="replay-policy" if from_run else None)
+    console.print(f"run [bold]{run_id}[/] in {db}: {tgt.name} with the {policy} policy "
+                  f"(resume with `kloop resume {run_id} --db {db}`)", highlight=False)
+    _run(store, run_id, settings, tgt, policy_obj)
+
+
+def resume_command(
+    run_id: str = typer.Argument(..., help="The run to continue."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database."),
+) -> None:
+    """Continue a stopped, failed or killed run where it left off (same attempt numbering)."""
+    from tools.store import StoreError, open_db
+
+    try:
+        store = open_db(db, create=False)
+        run = store.get_run(run_id)
+    except StoreError as e:
+        fail(str(e))
+    if run["status"] == "finished":
+        console.print(f"run {run_id} already finished ({run['notes'] or 'no notes'})", highlight=False)
+        _print_best(store, run_id)
+        return
+    settings = run["settings"]
+    tgt = _load_target(settings["target"])
+    if tgt.sha256 != run["target_sha256"]:
+        fail(f"target {settings['target']} changed since run {run_id} started; start a new run instead")
+    _run(store, run_id, settings, tgt, _make_policy(run["policy"], settings, tgt, store))
+
+
+def runs_command(
+    db: List[Path] = typer.Option([DEFAULT_DB], "--db", help="Run database(s); repeat for several."),
+) -> None:
+    """List runs: status, target, policy, attempts and best speedup."""
+    from tools.store import StoreError, open_db
+
+    table = Table(title="kloop runs")
+    table.add_column("run", no_wrap=True)
+    for column in ("created", "status", "target", "policy", "attempts", "best x eager", "notes"):
+        table.add_column(column)
+    for path in db:
+        try:
+            store = open_db(path, create=False)
+        except StoreError as e:
+            fail(str(e))
+        for run in store.list_runs():
+            best = run["best_speedup_eager"]
+            table.add_row(run["id"], run["created_at"], run["status"], run["target_name"],
+                          run["policy"] + (f" ({run['model']})" if run["model"] else ""), str(run["attempts_count"]),
+                          f"{best:.2f}" if best is not None else "-", run["notes"] or "")
+    console.print(table)
+
+
+def show_command(
+    run_id: str = typer.Argument(..., help="The run to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run and all its attempts as one JSON object."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database."),
+) -> None:
+    """Show one run's attempts: verdicts, speedups, speed-of-light fractions, reasons."""
+    from tools.store import StoreError, open_db
+
+    try:
+        store = open_db(db, create=False)
+        run = store.get_run(run_id)
+    except StoreError as e:
+        fail(str(e))
+    attempts = store.attempts(run_id)
+    if as_json:
+        print(json.dumps({"run": run, "attempts": attempts}, default=str))
+        return
+    console.print(f"run {run_id}: {run['target_name']}, {run['policy']}, {run['status']}"
+                  + (f" ({run['notes']})" if run["notes"] else ""), highlight=False)
+    table = Table("#", "branch", "lang", "verdict", "x eager", "x compile", "SOL", "median us", "why")
+    for a in attempts:
+        table.add_row(str(a["number"]), str(a["branch"]), a["language"] or "", a["verdict"] or "",
+                      _num(a["speedup_eager"], "{:.2f}"), _num(a["speedup_compile"], "{:.2f}"),
+                      _num(a["sol_fraction"], "{:.0%}"), _num((a["time_us"] or {}).get("median"), "{:.2f}"),
+                      (a["reasons"] or [""])[0][:80])
+    console.print(table)
+
+
+# -- shared -----------------------------------------------------------------------------------------------------
+def _load_target(spec: str):
+    from agent.cmd_eval import check_reference
+    from tools.target import TargetError, load_target
+
+    try:
+        tgt = load_target(spec)
+        check_reference(tgt)
+    except TargetError as e:
+        fail(str(e))
+    return tgt
+
+
+def _make_policy(name: str, settings: dict, tgt, store):
+    from agent.policies import make_policy
+    from agent.policy import PolicyError
+
+    if name == "offline":
+        kwargs = {"target": tgt, "seed_kernel": settings.get("seed_kernel"), "store": store}
+    elif name == "replay":
+        kwargs = {"store": store, "source_run_id": settings["from_run"]}
+    else:
+        kwargs = {k: settings[k] for k in ("model", "base_url") if settings.get(k)}
+    try:
+        return make_policy(name, **kwargs)
+    except PolicyError as e:
+        fail(str(e))
+
+
+def _run(store, run_id: str, settings: dict, tgt, policy) -> None:
+    from agent.graph import Loop, LoopSettings, run_loop
+    from agent.policy import PolicyError
+    from tools.evaluate import EvalSettings, Evaluation
+    from tools.store import StoreError
+    from tools.target import TargetError
+
+    eval_settings = EvalSettings()  # a fresh secret seed per session; it is never stored
+    loop = Loop(store=store, run_id=run_id, policy=policy,
+                evaluation=lambda source, language: Evaluation(tgt, source, eval_settings),
+                settings=LoopSettings(**{k: settings[k] for k in (
+                    "max_attempts", "hours", "branches", "target_sol", "patience", "max_cost_usd", "max_tokens",
+                    "language")}),
+                target_name=tgt.name, target_source=shown_source(tgt.source))
+    progress = ProgressView(settings["max_attempts"])
+    try:
+        with console.status("starting", spinner="dots") as status:
+            progress.status = status
+            run_loop(loop, Path(f"{store.path}.checkpoints"), progress)
+    except KeyboardInterrupt:
+        console.print(f"stopped; continue with `kloop resume {run_id} --db {store.path}`", highlight=False)
+        raise typer.Exit(130)
+    except (TargetError, PolicyError, StoreError) as e:  # the run is marked failed and can be resumed
+        fail(f"{e} (run {run_id} failed; `kloop resume {run_id} --db {store.path}` retries)")
+    run = store.get_run(run_id)
+    console.print(f"run {run_id} finished: {run['notes']}", highlight=False)
+    _print_best(store, run_id)
+
+
+class ProgressView:
+    """Renders the graph's custom stream events: the current stage on a spinner, one line per attempt."""
+
+    def __init__(self, max_attempts: int):
+        self.max_attempts = max_attempts
+        self.status = None
+
+    def __call__(self, event: dict) -> None:
+        if event["kind"] == "stage" and self.status is not None:
+            self.status.update(f"branch {event['branch']}: {event['stage']}")
+        elif event["kind"] == "attempt":
+            p, left = event["progress"], event["left"]
+            color = "green" if event["verdict"] == "correct" else "red"
+            speed = f" {event['speedup_eager']:.2f}x eager" if event["speedup_eager"] is not None else ""
+            sol = f" SOL {event['sol_fraction']:.0%}" if event["sol_fraction"] is not None else ""
+            why = f" ({event['reasons'][0][:100]})" if event["reasons"] and event["verdict"] != "correct" else ""
+            best = (f"best #{p['best_number']}" + (f" {p['best_speedup']:.2f}x" if p["best_speedup"] else "")
+                    + (f" SOL {p['best_sol']:.0%}" if p["best_sol"] is not None else "")) if p["best_number"] else "no best yet"
+            budget = ", ".join(f"{v:.0f} {k}" if isinstance(v, float) else f"{v} {k}" for k, v in left.items())
+            console.print(f"#{event['number']} (branch {event['branch']}) [{color}]{event['verdict']}[/]{speed}{sol}{why}"
+                          f" | {best} | left: {budget}", highlight=False)
+        elif event["kind"] == "stop":
+            console.print(f"branch {event['branch']} stops: {event['reason']}", highlight=False)
+
+
+def _print_best(store, run_id: str) -> None:
+    best = store.best_attempt(run_id)
+    if best is None:
+        console.print("no attempt verified correct", highlight=False)
+        return
+    path = store.path.parent / f"{run_id}_best_{best['number']}.py"
+    path.write_text(best["source"])
+    console.print(f"best verified kernel: attempt {best['number']} ({best['language']}), written to {path}",
+                  highlight=False)
+    console.print(Syntax(best["source"], "python", line_numbers=False))
+    result = best["result"] or {}
+    if result.get("executed_on") != "cuda":
+        console.print("no CUDA GPU: this was an interpreter run on CPU tensors, so no timing is real "
+                      "(speedups and speed-of-light need a GPU)", highlight=False)
+        return
+    console.print(f"speedup {_num(best['speedup_eager'], '{:.2f}x')} over eager, "
+                  f"{_num(best['speedup_compile'], '{:.2f}x')} over torch.compile, "
+                  f"{_num(best['sol_fraction'], '{:.0%}')} of speed-of-light", highlight=False)
+
+
+def shown_source(source: str) -> str:
+    """The target as the policy sees it: hidden shape variants removed (they are checked, never shown)."""
+    import ast
+
+    lines = source.split("\n")
+    for node in reversed(ast.parse(source).body):
+        names = [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+        if any(name.endswith("VARIANTS") and name.startswith("KLOOP_") for name in names):
+            del lines[node.lineno - 1:node.end_lineno]
+    return "\n".join(lines)
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)

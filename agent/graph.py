@@ -1,0 +1,320 @@
+"""The optimization loop as a LangGraph graph: write -> [tools] -> assemble -> verify -> profile -> reflect -> log.
+
+Each lineage (branch) walks the loop as a chain of `Send`s carrying only {"branch", "key"}; N branches run in
+parallel in the same supersteps. Everything else lives outside graph state: sources, results and logs in the run
+database, the evaluator's live session (and the proposal being evaluated) in `Loop.live`, keyed by `key`. After a
+crash the checkpoint replays the pending Sends; a node that finds no live session for its key restarts that attempt
+at `write`, so the lost attempt is simply redone. Attempt numbers come from the database at commit time (`log`).
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable, TypedDict
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.config import get_stream_writer
+from langgraph.graph import START, StateGraph
+from langgraph.types import Command, Send
+
+from agent.diagnose import diagnose
+from agent.policy import AttemptView, Message, Policy, Proposal, ProposeContext
+from tools.store import Store, now
+
+FAILED = {"incorrect", "compile_error", "runtime_error", "timeout", "rejected"}
+
+
+@dataclass
+class LoopSettings:
+    max_attempts: int = 20
+    hours: float | None = None          # active wall-clock budget (sum of attempt durations, survives resume)
+    branches: int = 1
+    target_sol: float = 0.9             # stop once the best reaches this fraction of speed-of-light
+    patience: int = 20                  # stop after this many attempts without a new best
+    max_cost_usd: float | None = None
+    max_tokens: int | None = None
+    language: str = "auto"
+    max_tool_rounds: int = 8            # inspection rounds allowed before a proposal must carry a candidate
+
+
+@dataclass
+class Live:
+    """One attempt in flight: never checkpointed, lost (and redone) if the process dies."""
+    turn: int
+    started: float
+    parent_attempt_id: int | None
+    proposal: Proposal | None = None
+    messages: list[Message] = field(default_factory=list)
+    tool_results: list[dict] = field(default_factory=list)
+    tool_rounds: int = 0
+    evaluation: Any = None              # the evaluator's staged session (a context manager), entered at assemble
+    result: dict = field(default_factory=dict)
+    diagnosis: str = ""
+    reflection: str = ""
+
+
+@dataclass
+class Loop:
+    """What the nodes need besides the lineage: the run, its policy, an evaluation factory and the budgets."""
+    store: Store
+    run_id: str
+    policy: Policy
+    evaluation: Callable[[str, str], Any]   # (source, language) -> staged Evaluation (assemble/verify/profile/result)
+    settings: LoopSettings
+    target_name: str
+    target_source: str
+    live: dict[str, Live] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Branches propose and assemble in parallel, but verify and profile one at a time: both set the target's shape
+    # through module globals and seed torch's global RNG, and two kernels timed at once on one GPU disturb each other.
+    measuring: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def start(self, state: dict) -> Command:
+        return Command(goto=[Send("write", {"branch": b, "key": ""}) for b in range(state["branches"])])
+
+    def write(self, lineage: dict) -> Command | dict:
+        branch, key = lineage["branch"], lineage["key"]
+        live = self.live.get(key)
+        if live is None:                # a new attempt (or one lost in a crash, redone)
+            with self.lock:
+                reason = self.stop_reason()
+                if reason:
+                    emit("stop", branch=branch, reason=reason)
+                    return {"stops": [reason]}
+                key = uuid.uuid4().hex
+                best = self.store.progress(self.run_id)["best_id"]
+                turn = len(self.store.attempts(self.run_id, branch)) + 1
+                live = self.live[key] = Live(turn=turn, started=time.monotonic(), parent_attempt_id=best)
+        emit("stage", branch=branch, stage="write")
+        proposal = self.policy.propose(self.context(branch, live))
+        live.proposal, live.messages = proposal, live.messages + proposal.messages
+        nxt = {"branch": branch, "key": key}
+        if proposal.tool_calls and live.tool_rounds < self.settings.max_tool_rounds:
+            return Command(goto=Send("tools", nxt))
+        if proposal.done and not proposal.source:
+            del self.live[key]
+            with self.store.transaction():  # what the last exchange cost still counts
+                for message in live.messages:
+                    self.store.add_message(self.run_id, message, branch=branch, turn=live.turn)
+            emit("stop", branch=branch, reason="the policy has nothing more to try")
+            return {"stops": ["the policy has nothing more to try"]}
+        if proposal.format_error or not proposal.source.strip():
+            why = proposal.format_error or (f"still inspecting after {live.tool_rounds} tool rounds" if
+                                            proposal.tool_calls else "the proposal carried no candidate source")
+            live.result = {"verdict": "rejected", "language": proposal.language, "reasons": [why]}
+            return Command(goto=Send("log", nxt))
+        return Command(goto=Send("assemble", nxt))
+
+    def tools(self, lineage: dict) -> Command:
+        from agent.inspect_tools import run_tool  # model policies only: the offline path never imports it
+        live = self.live.get(lineage["key"])
+        if live is None:
+            return redo(lineage)
+        emit("stage", branch=lineage["branch"], stage="tools")
+        live.tool_rounds += 1
+        live.tool_results = []
+        for call in live.proposal.tool_calls:
+            answer = run_tool(self.store, self.run_id, call)
+            live.tool_results.append(answer)
+            live.messages += [Message(role="tool_call", content=call), Message(role="tool_result", content=answer)]
+        return Command(goto=Send("write", lineage))
+
+    def assemble(self, lineage: dict) -> Command:
+        return self.stage(lineage, "assemble", "verify")
+
+    def verify(self, lineage: dict) -> Command:
+        return self.stage(lineage, "verify", "profile")
+
+    def profile(self, lineage: dict) -> Command:
+        return self.stage(lineage, "profile", "reflect")
+
+    def reflect(self, lineage: dict) -> Command:
+        live = self.live.get(lineage["key"])
+        if live is None:
+            return redo(lineage)
+        emit("stage", branch=lineage["branch"], stage="reflect")
+        live.diagnosis = diagnose(live.result)[0]
+        view = self.view_of(live, lineage["branch"])
+        live.reflection, messages = self.policy.reflect(self.context(lineage["branch"], live), view)
+        live.messages += messages
+        return Command(goto=Send("log", lineage))
+
+    def log(self, lineage: dict) -> Command:
+        live = self.live.pop(lineage["key"], None)
+        if live is None:
+            return redo(lineage)
+        if live.evaluation is not None:
+            live.evaluation.__exit__(None, None, None)
+        number = self.commit(live, lineage["branch"])
+        progress = self.store.progress(self.run_id)
+        emit("attempt", branch=lineage["branch"], number=number, verdict=live.result.get("verdict"),
+             speedup_eager=(live.result.get("speedup") or {}).get("eager"),
+             sol_fraction=(live.result.get("roofline") or {}).get("sol_fraction"),
+             reasons=live.result.get("reasons") or [], progress=progress, left=self.budget_left(progress))
+        return Command(goto=Send("write", {"branch": lineage["branch"], "key": ""}))
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+    def stage(self, lineage: dict, name: str, after: str) -> Command:
+        """Run one evaluator stage; a failed verdict skips straight to reflect."""
+        live = self.live.get(lineage["key"])
+        if live is None:
+            return redo(lineage)
+        emit("stage", branch=lineage["branch"], stage=name)
+        if name == "assemble":
+            live.evaluation = self.evaluation(live.proposal.source, live.proposal.language)
+            live.evaluation.__enter__()
+        with contextlib.nullcontext() if name == "assemble" else self.measuring:
+            getattr(live.evaluation, name)()
+        live.result = live.evaluation.result
+        return Command(goto=Send("reflect" if live.result.get("verdict") in FAILED else after, lineage))
+
+    def stop_reason(self) -> str:
+        """The first stop rule that holds now ('' if none); in-flight attempts count against max_attempts."""
+        s, p = self.settings, self.store.progress(self.run_id)
+        if p["attempts"] + len(self.live) >= s.max_attempts:
+            return f"reached {s.max_attempts} attempts"
+        if s.hours is not None and p["seconds"] >= s.hours * 3600:
+            return f"used the {s.hours:g} h time budget"
+        if s.max_cost_usd is not None and p["cost_usd"] >= s.max_cost_usd:
+            return f"spent the ${s.max_cost_usd:g} budget"
+        if s.max_tokens is not None and p["tokens"] >= s.max_tokens:
+            return f"used the {s.max_tokens} token budget"
+        if p["best_sol"] is not None and p["best_sol"] >= s.target_sol:
+            return f"best attempt reached {p['best_sol']:.0%} of speed-of-light (target {s.target_sol:.0%})"
+        if p["last_number"] - (p["best_number"] or 0) >= s.patience:
+            return f"no improvement in {s.patience} attempts"
+        return ""
+
+    def budget_left(self, p: dict) -> dict:
+        s = self.settings
+        left = {"attempts": max(0, s.max_attempts - p["attempts"])}
+        if s.hours is not None:
+            left["seconds"] = max(0.0, s.hours * 3600 - p["seconds"])
+        if s.max_cost_usd is not None:
+            left["cost_usd"] = max(0.0, s.max_cost_usd - p["cost_usd"])
+        if s.max_tokens is not None:
+            left["tokens"] = max(0, s.max_tokens - p["tokens"])
+        return left
+
+    def context(self, branch: int, live: Live) -> ProposeContext:
+        history = [attempt_view(row) for row in self.store.attempts(self.run_id, branch)]
+        best = self.store.best_attempt(self.run_id)
+        latest = history[-1].result if history else {}
+        return ProposeContext(
+            run_id=self.run_id, branch=branch, turn=live.turn, target_name=self.target_name,
+            target_source=self.target_source, language=self.settings.language, gpu=latest.get("gpu"),
+            history=history, best=attempt_view(best) if best else None,
+            budget_left=self.budget_left(self.store.progress(self.run_id)), tool_results=live.tool_results)
+
+    def view_of(self, live: Live, branch: int) -> AttemptView:
+        """The attempt being reflected on, before it is committed (so it has no id or number yet)."""
+        r = live.result
+        return AttemptView(
+            id=0, number=0, branch=branch, language=live.proposal.language, source=live.proposal.source,
+            verdict=r.get("verdict", ""), reasons=r.get("reasons") or [],
+            time_us=(r.get("time_us") or {}).get("median"), speedup_eager=(r.get("speedup") or {}).get("eager"),
+            speedup_compile=(r.get("speedup") or {}).get("compile"),
+            sol_fraction=(r.get("roofline") or {}).get("sol_fraction"), diagnosis=live.diagnosis, result=r)
+
+    def commit(self, live: Live, branch: int) -> int:
+        """One transaction: the attempt, its messages, the run's best and (first time seen) its machine facts."""
+        r, proposal = live.result, live.proposal
+        durations = {**(r.get("durations_s") or {}), "attempt": time.monotonic() - live.started}
+        run = self.store.get_run(self.run_id)
+        with self.store.transaction():
+            attempt_id = self.store.add_attempt(
+                self.run_id, live.messages, branch=branch, turn=live.turn, parent_attempt_id=live.parent_attempt_id,
+                language=r.get("language") or proposal.language, source=proposal.source, reasoning=proposal.reasoning,
+                ptx=r.get("ptx"), sass=r.get("sass"), compile_log=r.get("compile_log"), resources=r.get("resources"),
+                verdict=r.get("verdict"), reasons=r.get("reasons") or [], time_us=r.get("time_us"),
+                speedup_eager=(r.get("speedup") or {}).get("eager"),
+                speedup_compile=(r.get("speedup") or {}).get("compile"),
+                sol_fraction=(r.get("roofline") or {}).get("sol_fraction"), roofline=r.get("roofline"),
+                correctness=r.get("correctness"), ncu=r.get("ncu"), nvml=r.get("nvml"), flags=r.get("flags"),
+                diagnosis=live.diagnosis, reflection=live.reflection, stdout=r.get("stdout"), stderr=r.get("stderr"),
+                durations=durations, result=r)
+            facts = machine_facts(r, run)
+            self.store.update_run(self.run_id, best_attempt_id=self.store.progress(self.run_id)["best_id"], **facts)
+        return self.store.get_attempt(attempt_id)["number"]
+
+
+class RunState(TypedDict):
+    branches: int
+    stops: Annotated[list[str], operator.add]   # why each lineage ended
+
+
+def build_graph(loop: Loop) -> StateGraph:
+    graph = StateGraph(RunState)
+    for name in ("start", "write", "tools", "assemble", "verify", "profile", "reflect", "log"):
+        graph.add_node(name, getattr(loop, name))
+    graph.add_edge(START, "start")
+    return graph
+
+
+def run_loop(loop: Loop, checkpoints: Path, on_event: Callable[[dict], None] = lambda event: None) -> str:
+    """Run (or resume: same run id, same checkpoint thread) the loop to a stop rule; returns the run's status.
+
+    Ctrl-C marks the run 'stopped' (resumable) and re-raises; any other error marks it 'failed' and re-raises.
+    """
+    config = {"configurable": {"thread_id": loop.run_id}, "recursion_limit": 10**9}
+    store = loop.store
+    store.update_run(loop.run_id, status="running", finished_at=None)
+    try:
+        with SqliteSaver.from_conn_string(str(checkpoints)) as saver:
+            graph = build_graph(loop).compile(checkpointer=saver)
+            state = graph.get_state(config)
+            # Pending tasks (finished ones whose writes are saved included) mean a run to continue; none after a
+            # checkpoint means the graph already ended.
+            if state.created_at is not None and not state.tasks:
+                stops = state.values.get("stops", [])
+            else:
+                start = None if state.tasks else {"branches": loop.settings.branches, "stops": []}
+                for event in graph.stream(start, config, stream_mode="custom", durability="sync"):
+                    on_event(event)
+                stops = graph.get_state(config).values.get("stops", [])
+    except KeyboardInterrupt:
+        store.update_run(loop.run_id, status="stopped", notes="interrupted (Ctrl-C); resume with kloop resume")
+        raise
+    except BaseException as e:
+        store.update_run(loop.run_id, status="failed", notes=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        for live in loop.live.values():
+            if live.evaluation is not None:
+                live.evaluation.__exit__(None, None, None)
+        loop.live.clear()
+    store.update_run(loop.run_id, status="finished", finished_at=now(), notes="; ".join(dict.fromkeys(stops)))
+    return "finished"
+
+
+def emit(kind: str, **fields: Any) -> None:
+    get_stream_writer()({"kind": kind, **fields})
+
+
+def redo(lineage: dict) -> Command:
+    """The live session for this attempt is gone (the process died mid-attempt): start the attempt again."""
+    return Command(goto=Send("write", {"branch": lineage["branch"], "key": ""}))
+
+
+def attempt_view(row: dict) -> AttemptView:
+    return AttemptView(
+        id=row["id"], number=row["number"], branch=row["branch"], language=row["language"] or "",
+        source=row["source"] or "", verdict=row["verdict"] or "", reasons=row["reasons"] or [],
+        time_us=(row["time_us"] or {}).get("median"), speedup_eager=row["speedup_eager"],
+        speedup_compile=row["speedup_compile"], sol_fraction=row["sol_fraction"], diagnosis=row["diagnosis"] or "",
+        result=row["result"] or {})
+
+
+def machine_facts(result: dict, run: dict) -> dict:
+    """Run columns filled from the first result that has them (GPU, versions, flags, baselines)."""
+    gpu = result.get("gpu") or {}
+    facts = {"gpu_name": gpu.get("name"), "driver": gpu.get("driver"), "cuda": gpu.get("cuda"),
+             "versions": result.get("versions"), "numeric_flags": result.get("numeric_flags"),
+             "baselines": result.get("baselines")}
+    return {k: v for k, v in facts.items() if v and not run.get(k)}

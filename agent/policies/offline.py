@@ -1,0 +1,277 @@
+"""The offline policy: no model, no network. Starts from known-good kernels, then searches around the best one.
+
+Order of moves, all deterministic given the run: (1) every catalog starter for the target (branch b starts at the
+b-th); (2) around the best attempt so far (then the next best, then any earlier attempt): one tunable one step up or
+down its list, the step chosen from the reflect node's diagnosis, then two steps; PTX edits of a Triton attempt's PTX
+(cache hints) come first when the kernel is memory-bound below 80% of bandwidth. A source already tried (by hash) is
+never proposed again. Each candidate's first line records its starter and values, so the search can resume from any
+attempt in the database.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from agent.diagnose import diagnose
+from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
+from tools.rules import detect_language
+from tools.store import Store, source_hash
+
+MARK = "# kloop-offline: "
+NO_STARTERS = ("the offline policy only knows built-in targets; give --seed-kernel FILE or use an LLM policy "
+               "(--policy anthropic|openai)")
+
+
+@dataclass
+class Template:
+    """A kernel with named tunables: a catalog starter, or a user's seed kernel."""
+    name: str
+    language: str
+    tunables: dict[str, list]
+    defaults: dict[str, Any]
+    notes: str
+    starter: Any = None          # the catalog Starter, rendered by the catalog
+    seed_source: str = ""        # a seed kernel, rendered by replacing its constants' values
+
+    def render(self, values: dict) -> str:
+        if self.starter is not None:
+            from agent.kernels import catalog
+            body = catalog.render(self.starter, values)
+        else:
+            body = replace_constants(self.seed_source, values)
+        return MARK + json.dumps({"template": self.name, "values": values}, sort_keys=True) + "\n" + body
+
+
+@dataclass
+class Move:
+    source: str
+    language: str
+    reasoning: str
+
+
+class OfflinePolicy:
+    name = "offline"
+    model = ""
+
+    def __init__(self, target=None, seed_kernel: str | Path | None = None, store: Store | None = None):
+        """target: a tools.target.Target; store (optional) lets parallel branches see each other's sources."""
+        if seed_kernel is not None:
+            self.templates = [seed_template(Path(seed_kernel))]
+        elif target is not None and target.builtin:
+            from agent.kernels import catalog
+            self.templates = [Template(s.name, s.language, s.tunables, catalog.default_values(s), s.notes, starter=s)
+                              for s in catalog.starters_for(target.name)]
+        else:
+            self.templates = []
+        if not self.templates:
+            raise PolicyError(NO_STARTERS)
+        self.by_name = {t.name: t for t in self.templates}
+        self.store = store
+        self.claimed: set[str] = set()   # proposed by this process but maybe not yet committed (parallel branches)
+        self.lock = threading.Lock()
+
+    def propose(self, ctx: ProposeContext) -> Proposal:
+        tried = {source_hash(a.source) for a in ctx.history}
+        if self.store is not None:
+            tried |= {a["source_hash"] for a in self.store.attempts(ctx.run_id)}
+        with self.lock:
+            for move in self.moves(ctx):
+                digest = source_hash(move.source)
+                if digest not in tried and digest not in self.claimed:
+                    self.claimed.add(digest)
+                    return Proposal(move.language, move.source, move.reasoning,
+                                    [Message(role="response", provider="offline", content={"reasoning": move.reasoning})])
+        return Proposal(ctx.language if ctx.language != "auto" else "triton", "",
+                        "Every starter and every neighbour of every attempt has been tried.", done=True)
+
+    def reflect(self, ctx: ProposeContext, attempt: AttemptView) -> tuple[str, list[Message]]:
+        return "", []
+
+    # -- candidate order ---------------------------------------------------------------------------------------
+    def moves(self, ctx: ProposeContext) -> Iterator[Move]:
+        allowed = {"triton", "ptx"} if ctx.language == "auto" else {ctx.language}
+        offset = ctx.branch % len(self.templates)
+        for t in self.templates[offset:] + self.templates[:offset]:
+            if t.language in allowed:
+                yield Move(t.render(t.defaults), t.language,
+                           f"Start from the {t.name} {t.language} kernel with its default settings "
+                           f"({format_values(t.defaults)}). {t.notes}".strip())
+        for anchor in anchors(ctx):
+            facts = diagnose(anchor.result)[1] if anchor.result else {}
+            about = describe(anchor)
+            ptx_moves = list(self.ptx_moves(anchor, about)) if "ptx" in allowed else []
+            if facts.get("memory_room"):
+                yield from ptx_moves
+            yield from self.tuning_moves(anchor, facts, about, allowed)
+            if not facts.get("memory_room"):
+                yield from ptx_moves
+
+    def tuning_moves(self, anchor: AttemptView, facts: dict, about: str, allowed: set) -> Iterator[Move]:
+        marker = read_marker(anchor.source)
+        template = self.by_name.get(marker.get("template")) if marker else None
+        if template is None or template.language not in allowed or "ptx_edit" in marker:
+            return
+        values = marker["values"]
+        for step in (1, 2):
+            for kind, direction, why in preferences(facts):
+                for name, options in template.tunables.items():
+                    if tunable_kind(name) != kind or values.get(name) not in options:
+                        continue
+                    i = options.index(values[name]) + direction * step
+                    if 0 <= i < len(options):
+                        new = {**values, name: options[i]}
+                        yield Move(template.render(new), template.language,
+                                   f"{about} Next: {name} {values[name]} -> {options[i]}, {why}.")
+
+    def ptx_moves(self, anchor: AttemptView, about: str) -> Iterator[Move]:
+        """The anchor's own Triton PTX as a PTX candidate, then its cache-hint variants."""
+        ptx_by_kernel = (anchor.result or {}).get("ptx") or {}
+        marker = read_marker(anchor.source)
+        if anchor.language != "triton" or not ptx_by_kernel or not marker or len(ptx_by_kernel) != 1:
+            return
+        from agent.kernels import ptx_edits
+        entry, ptx = next(iter(ptx_by_kernel.items()))
+        resources = next((r for r in anchor.result.get("resources") or [] if r.get("kernel") == entry), {})
+        warps, shared = resources.get("num_warps") or 4, resources.get("shared_bytes") or 0
+
+        def as_candidate(edit: str, text: str) -> str:
+            body = ptx_edits.ptx_candidate_from_triton(anchor.source, text, entry, warps, shared)
+            return MARK + json.dumps({**marker, "ptx_edit": edit}, sort_keys=True) + "\n" + body
+
+        try:
+            yield Move(as_candidate("none", ptx), "ptx",
+                       f"{about} Next: launch its own PTX directly (no Triton launcher), to edit it from here.")
+            for edit, text in sorted(ptx_edits.cache_hint_variants(ptx).items()):
+                yield Move(as_candidate(edit, text), "ptx",
+                           f"{about} Next: PTX edit {edit} on its loads/stores, since streamed data should not "
+                           f"displace reused lines in L2.")
+        except ValueError:  # a kernel that does not follow the catalog's launch convention has no PTX twin
+            return
+
+
+def anchors(ctx: ProposeContext) -> list[AttemptView]:
+    """Attempts to search around: correct ones fastest first (the run's best leads), then all others newest first."""
+    seen, ordered = set(), []
+    correct = sorted((a for a in ctx.history if a.verdict == "correct"),
+                     key=lambda a: (-(a.speedup_eager or 0), a.number))
+    for a in ([ctx.best] if ctx.best else []) + correct + list(reversed(ctx.history)):
+        if a.id not in seen:
+            seen.add(a.id)
+            ordered.append(a)
+    return ordered
+
+
+def preferences(facts: dict) -> list[tuple[str, int, str]]:
+    """(tunable kind, direction, why) in the order the diagnosis suggests, then every other combination."""
+    default = [("tile", +1, "more work per program"), ("tile", -1, "a smaller tile"),
+               ("warps", +1, "more warps to hide latency"), ("warps", -1, "fewer warps"),
+               ("stages", +1, "deeper pipelining"), ("stages", -1, "fewer pipeline stages"),
+               ("cache", +1, "another cache hint"), ("cache", -1, "another cache hint"),
+               ("other", +1, "another loop structure"), ("other", -1, "another loop structure")]
+    if facts.get("spilling"):
+        first = [("tile", -1, "smaller tiles, since registers spill"), ("stages", -1, "fewer stages, since registers spill")]
+    elif facts.get("low_occupancy") and facts.get("register_heavy"):
+        first = [("warps", -1, "fewer warps, since register pressure limits occupancy"),
+                 ("tile", -1, "a smaller block, since register pressure limits occupancy")]
+    elif facts.get("memory_room"):
+        first = [("tile", +1, "bigger blocks, since it is memory-bound below 80% of bandwidth"),
+                 ("cache", +1, "another cache hint, since it is memory-bound below 80% of bandwidth"),
+                 ("cache", -1, "another cache hint, since it is memory-bound below 80% of bandwidth"),
+                 ("warps", +1, "more warps in flight, since it is memory-bound below 80% of bandwidth")]
+    elif facts.get("bound") == "compute":
+        first = [("warps", +1, "more warps, since it is compute-bound"),
+                 ("stages", +1, "more stages, since it is compute-bound")]
+    else:
+        first = []
+    firsts = {(k, d) for k, d, _ in first}
+    return first + [p for p in default if (p[0], p[1]) not in firsts]
+
+
+def tunable_kind(name: str) -> str:
+    """What a tunable controls, from its name (tile words first: ELEMS_PER_THREAD is a tile, THREADS is not)."""
+    lower = name.lower()
+    if any(word in lower for word in ("evict", "qualifier", "cache")):
+        return "cache"
+    if any(word in lower for word in ("block", "tile", "rows", "size", "cols", "group", "split", "chunk", "elems")):
+        return "tile"
+    if "warp" in lower or "thread" in lower:
+        return "warps"
+    if "stage" in lower:
+        return "stages"
+    return "other"
+
+
+def describe(a: AttemptView) -> str:
+    marker = read_marker(a.source)
+    what = f"{marker['template']} with {format_values(marker['values'])}" if marker else f"a {a.language} kernel"
+    if a.verdict != "correct":
+        outcome = f"was {a.verdict}" + (f" ({a.reasons[0]})" if a.reasons else "")
+    elif a.speedup_eager is not None:
+        outcome = f"is correct at {a.speedup_eager:.2f}x over eager"
+        outcome += f", {a.sol_fraction:.0%} of speed-of-light" if a.sol_fraction is not None else ""
+    else:
+        outcome = "is correct (no timing on this machine)"
+    diagnosis = " ".join(a.diagnosis.split("\n")[:2]) if a.diagnosis else ""
+    return f"Attempt {a.number} ({what}) {outcome}." + (f" Diagnosis: {diagnosis}." if diagnosis else "")
+
+
+def read_marker(source: str) -> dict | None:
+    first = source.split("\n", 1)[0]
+    if not first.startswith(MARK):
+        return None
+    try:
+        return json.loads(first[len(MARK):])
+    except json.JSONDecodeError:
+        return None
+
+
+def format_values(values: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items()) or "no tunables"
+
+
+# -- seed kernels ------------------------------------------------------------------------------------------------
+def seed_template(path: Path) -> Template:
+    """A user's kernel: its UPPERCASE top-level constants (numbers, booleans) become tunables."""
+    try:
+        source = path.read_text()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, UnicodeDecodeError) as e:
+        raise PolicyError(f"cannot read seed kernel {path}: {e}") from None
+    defaults = {name: value for name, value, _node in constants(tree)}
+    return Template(path.stem, detect_language(source), {k: neighbours(v) for k, v in defaults.items()}, defaults,
+                    f"(your seed kernel {path.name})", seed_source=source)
+
+
+def constants(tree: ast.Module) -> list[tuple[str, Any, ast.expr]]:
+    found = []
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.isupper() and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, (int, float)) and node.value.lineno == node.value.end_lineno):
+            found.append((node.targets[0].id, node.value.value, node.value))
+    return found
+
+
+def neighbours(value: int | float | bool) -> list:
+    """Sorted candidate values around a constant: powers of two step by 2x, other numbers by about +-50%."""
+    if isinstance(value, bool):
+        return [False, True]
+    if isinstance(value, float):
+        return sorted({value / 2, value, value * 2})
+    if value > 0 and value & (value - 1) == 0:
+        return sorted({v for v in (value // 4, value // 2, value, value * 2, value * 4) if v >= 1})
+    return sorted({v for v in (round(value * 0.5), round(value * 0.75), value, round(value * 1.5), value * 2)
+                   if v >= 1} | {value})
+
+
+def replace_constants(source: str, values: dict) -> str:
+    lines = source.split("\n")
+    for name, _old, node in sorted(constants(ast.parse(source)), key=lambda c: -c[2].col_offset):
+        if name in values:
+            line = lines[node.lineno - 1]
+            lines[node.lineno - 1] = line[:node.col_offset] + repr(values[name]) + line[node.end_col_offset:]
+    return "\n".join(lines)

@@ -1,0 +1,309 @@
+"""The LangGraph loop with an injected fast evaluator and a scripted policy; crash/resume in real subprocesses."""
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.graph import Loop, LoopSettings, run_loop
+from agent.policy import Message, Proposal
+from tools.store import open_db
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeEvaluation:
+    """Same staged interface as tools.evaluate.Evaluation: 'broken' sources fail to compile, 'wrong' ones are
+    incorrect; otherwise the speedup is the number at the end of the source."""
+
+    def __init__(self, source: str, language: str, delay: float = 0.0):
+        self.source, self.delay = source, delay
+        self.result = {"verdict": None, "reasons": [], "language": language, "durations_s": {}}
+        self.closed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.closed = True
+
+    def assemble(self):
+        time.sleep(self.delay)
+        if "broken" in self.source:
+            self.result.update(verdict="compile_error", reasons=["line 3: expected ':'"], compile_log="ptxas fatal")
+
+    def verify(self):
+        time.sleep(self.delay)
+        wrong = "wrong" in self.source
+        self.result.update(verdict="incorrect" if wrong else "correct",
+                           reasons=["max abs error 3.2 at [0, 7]"] if wrong else [])
+
+    def profile(self):
+        time.sleep(self.delay)
+        speedup = float(self.source.split()[-1])
+        self.result.update(speedup={"eager": speedup, "compile": speedup / 2}, time_us={"median": 10 / speedup},
+                           roofline={"bound": "memory", "sol_fraction": speedup / 10})
+
+
+class ScriptedPolicy:
+    """Proposes script[turn - 1] (per branch), or 'kernel B T <turn>' past the script; records every context."""
+    name, model = "scripted", "none"
+
+    def __init__(self, script=(), cost_per_turn=0.0, tool_calls_on_turn=None):
+        self.script, self.cost, self.tool_turn = list(script), cost_per_turn, tool_calls_on_turn
+        self.contexts = []
+
+    def propose(self, ctx):
+        self.contexts.append(ctx)
+        if self.tool_turn == ctx.turn and not ctx.tool_results:
+            return Proposal("triton", "", "look first", tool_calls=[{"id": "t1", "name": "peek", "input": {}}])
+        source = self.script[ctx.turn - 1] if ctx.turn <= len(self.script) else f"kernel {ctx.branch} 1"
+        if source == "DONE":
+            return Proposal("triton", "", "nothing left", done=True)
+        return Proposal("triton", source, f"turn {ctx.turn}",
+                        [Message(role="response", content={"turn": ctx.turn}, output_tokens=10, cost_usd=self.cost)])
+
+    def reflect(self, ctx, attempt):
+        return f"saw {attempt.verdict}", []
+
+
+def make_loop(store, run_id, policy, delay=0.0, **settings):
+    return Loop(store=store, run_id=run_id, policy=policy,
+                evaluation=lambda source, language: FakeEvaluation(source, language, delay),
+                settings=LoopSettings(**settings), target_name="fake", target_source="class Model: ...")
+
+
+def run_fake_loop(db_path: str, run_id: str, delay: float, max_attempts: int) -> None:
+    """Entry point for the subprocess tests: one scripted run, resumable by calling it again."""
+    store = open_db(db_path)
+    script = [f"kernel {n}" for n in range(1, max_attempts + 1)]
+    run_loop(make_loop(store, run_id, ScriptedPolicy(script), delay=delay, max_attempts=max_attempts),
+             Path(db_path + ".checkpoints"))
+
+
+@pytest.fixture
+def store(tmp_path):
+    db = open_db(tmp_path / "kloop.db")
+    yield db
+    db.close()
+
+
+def go(store, policy, **settings):
+    run_id = store.create_run(target_name="fake", policy=policy.name)
+    events = []
+    status = run_loop(make_loop(store, run_id, policy, **settings), Path(f"{store.path}.checkpoints"), events.append)
+    return run_id, status, events
+
+
+def test_attempts_are_logged_in_order_with_their_messages(store):
+    run_id, status, events = go(store, ScriptedPolicy(["kernel 1", "kernel 3", "kernel 2"]), max_attempts=3)
+    assert status == "finished"
+    attempts = store.attempts(run_id)
+    assert [(a["number"], a["turn"], a["verdict"], a["speedup_eager"]) for a in attempts] == [
+        (1, 1, "correct", 1.0), (2, 2, "correct", 3.0), (3, 3, "correct", 2.0)]
+    assert attempts[1]["reflection"] == "saw correct" and "memory-bound" in attempts[1]["diagnosis"]
+    assert attempts[1]["parent_attempt_id"] == attempts[0]["id"]  # built while attempt 1 was the best
+    assert [m["attempt_id"] for m in store.messages(run_id)] == [a["id"] for a in attempts]
+    run = store.get_run(run_id)
+    assert run["best_attempt_id"] == attempts[1]["id"] and run["notes"] == "reached 3 attempts"
+    assert [e["number"] for e in events if e["kind"] == "attempt"] == [1, 2, 3]
+    assert {"write", "assemble", "verify", "profile", "reflect"} <= {e["stage"] for e in events if e["kind"] == "stage"}
+
+
+def test_a_compile_error_and_a_wrong_answer_reach_the_next_context(store):
+    policy = ScriptedPolicy(["broken kernel 1", "wrong kernel 1", "kernel 2"])
+    run_id, _, events = go(store, policy, max_attempts=3)
+    second, third = policy.contexts[1], policy.contexts[2]
+    assert second.history[0].verdict == "compile_error"
+    assert second.history[0].reasons == ["line 3: expected ':'"]
+    assert second.history[0].result["compile_log"] == "ptxas fatal"
+    assert third.history[1].verdict == "incorrect" and "max abs error" in third.history[1].reasons[0]
+    assert second.best is None and third.best is None
+    stages = [e["stage"] for e in events if e["kind"] == "stage"]
+    assert stages[:3] == ["write", "assemble", "reflect"]  # a compile error skips verify and profile
+
+
+@pytest.mark.parametrize("settings, script, reason, attempts", [
+    ({"max_attempts": 10, "target_sol": 0.5}, ["kernel 2", "kernel 6", "kernel 9"], "speed-of-light", 2),
+    ({"max_attempts": 10, "patience": 2}, ["kernel 3", "kernel 1", "kernel 2", "kernel 9"], "no improvement in 2", 3),
+    ({"max_attempts": 10}, ["kernel 1", "kernel 2", "DONE"], "nothing more to try", 2),
+    ({"max_attempts": 10, "max_tokens": 25}, [], "token budget", 3),
+    ({"max_attempts": 10, "hours": 1e-9}, [], "time budget", 1),
+])
+def test_stop_rules(store, settings, script, reason, attempts):
+    run_id, status, _ = go(store, ScriptedPolicy(script), **settings)
+    assert status == "finished"
+    assert reason in store.get_run(run_id)["notes"]
+    assert len(store.attempts(run_id)) == attempts
+
+
+def test_cost_budget_counts_logged_messages(store):
+    run_id, _, _ = go(store, ScriptedPolicy(cost_per_turn=0.4), max_attempts=10, max_cost_usd=1.0)
+    assert len(store.attempts(run_id)) == 3 and "$1 budget" in store.get_run(run_id)["notes"]
+
+
+def test_branches_run_their_own_lineages_and_share_the_best(store):
+    policy = ScriptedPolicy(["kernel 1", "kernel 2", "kernel 3"])
+    run_id, status, _ = go(store, policy, max_attempts=6, branches=2)
+    attempts = store.attempts(run_id)
+    assert [a["number"] for a in attempts] == [1, 2, 3, 4, 5, 6]
+    assert sorted((a["branch"], a["turn"]) for a in attempts) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    for ctx in policy.contexts:  # each lineage sees its own history, and the run-wide best
+        assert all(h.branch == ctx.branch for h in ctx.history)
+    last = [c for c in policy.contexts if c.turn == 3]
+    assert all(c.best is not None and c.best.speedup_eager == 2.0 for c in last)
+
+
+def test_tool_calls_are_answered_before_the_candidate(store, monkeypatch):
+    import agent.inspect_tools
+
+    calls = []
+    monkeypatch.setattr(agent.inspect_tools, "run_tool", lambda db, run_id, call: calls.append(call) or
+                        {"tool_use_id": call["id"], "name": call["name"], "content": "42", "is_error": False})
+    policy = ScriptedPolicy(["kernel 1", "kernel 2"], tool_calls_on_turn=2)
+    run_id, _, _ = go(store, policy, max_attempts=2)
+    assert calls == [{"id": "t1", "name": "peek", "input": {}}]
+    assert policy.contexts[2].tool_results[0]["content"] == "42"
+    second = store.attempts(run_id)[1]
+    roles = [m["role"] for m in store.messages(run_id) if m["attempt_id"] == second["id"]]
+    assert roles == ["tool_call", "tool_result", "response"]
+
+
+def test_ctrl_c_stops_the_run_and_resume_finishes_it(store):
+    class Interrupting(ScriptedPolicy):
+        def propose(self, ctx):
+            if ctx.turn == 3 and not getattr(self, "interrupted", False):
+                self.interrupted = True
+                raise KeyboardInterrupt
+            return super().propose(ctx)
+
+    policy = Interrupting([f"kernel {n}" for n in range(1, 6)])
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    checkpoints = Path(f"{store.path}.checkpoints")
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(make_loop(store, run_id, policy, max_attempts=5), checkpoints)
+    assert store.get_run(run_id)["status"] == "stopped" and len(store.attempts(run_id)) == 2
+    assert run_loop(make_loop(store, run_id, policy, max_attempts=5), checkpoints) == "finished"
+    assert [a["number"] for a in store.attempts(run_id)] == [1, 2, 3, 4, 5]
+
+
+def _spawn(db_path, run_id, delay, max_attempts):
+    code = f"import test_loop; test_loop.run_fake_loop({str(db_path)!r}, {run_id!r}, {delay}, {max_attempts})"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+
+
+def _wait_for_attempts(store, run_id, count, process, timeout=60):
+    deadline = time.monotonic() + timeout
+    while len(store.attempts(run_id)) < count:
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "the loop logged too few attempts in time"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGKILL, "running"), (signal.SIGINT, "stopped")])
+def test_killed_mid_run_then_resumed_has_no_gaps_or_duplicates(store, sig, status):
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    process = _spawn(store.path, run_id, delay=0.05, max_attempts=8)
+    _wait_for_attempts(store, run_id, 2, process)
+    time.sleep(0.07)  # land inside the next attempt's stages
+    process.send_signal(sig)
+    process.wait(timeout=30)
+    assert store.get_run(run_id)["status"] == status  # kill -9 leaves no chance to record anything
+    done_before = len(store.attempts(run_id))
+    assert 2 <= done_before < 8
+
+    resumed = _spawn(store.path, run_id, delay=0.0, max_attempts=8)
+    assert resumed.wait(timeout=60) == 0, resumed.stderr.read().decode()[-2000:]
+    attempts = store.attempts(run_id)
+    assert [a["number"] for a in attempts] == list(range(1, 9))
+    assert [a["source"] for a in attempts[:done_before]] == [f"kernel {n}" for n in range(1, done_before + 1)]
+    assert store.get_run(run_id)["status"] == "finished"
+
+
+# -- the command line ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def cli():
+    from typer.testing import CliRunner
+
+    from agent.cli import app
+
+    return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.slow
+def test_optimize_vector_add_end_to_end_on_cpu(cli, tmp_path):
+    db = tmp_path / "kloop.db"
+    done = cli("optimize", "vector_add", "--policy", "offline", "--max-attempts", 4, "--db", db)
+    assert done.exit_code == 0, done.output
+    assert "no timing is real" in done.output and "best verified kernel" in done.output
+    store = open_db(db, create=False)
+    (run,) = store.list_runs()
+    attempts = store.attempts(run["id"])
+    assert [a["number"] for a in attempts] == [1, 2, 3, 4]
+    assert all(a["verdict"] in ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected")
+               for a in attempts)
+    assert attempts[0]["verdict"] == "correct" and attempts[0]["result"]["executed_on"] == "cpu-interpreter"
+    assert run["status"] == "finished" and run["settings"]["max_attempts"] == 4
+    assert "seed" not in {k for k, v in run["settings"].items() if v is not None and k != "seed_kernel"}
+    assert list(tmp_path.glob(f"{run['id']}_best_*.py"))
+
+    shown = cli("show", run["id"], "--json", "--db", db)
+    assert [a["number"] for a in json.loads(shown.output)["attempts"]] == [1, 2, 3, 4]
+    assert run["id"] in cli("runs", "--db", db).output
+    again = cli("resume", run["id"], "--db", db)
+    assert again.exit_code == 0 and "already finished" in again.output
+
+
+def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr("tools.store.LOCK_TIMEOUT_S", 0.1)
+    db = tmp_path / "kloop.db"
+    unknown = cli("optimize", "no_such_op", "--db", db)
+    assert unknown.exit_code == 2 and "unknown target 'no_such_op'" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1 and not db.exists()
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x @ x\n"
+                      "def get_inputs():\n    return [torch.randn(3, 4)]\ndef get_init_inputs():\n    return []\n")
+    failing = cli("optimize", broken, "--policy", "offline", "--db", db)
+    assert failing.exit_code == 2 and "the reference fails" in failing.stderr and not db.exists()
+
+    fine = tmp_path / "fine.py"
+    fine.write_text(broken.read_text().replace("x @ x", "x + x"))
+    no_seed = cli("optimize", fine, "--policy", "offline", "--db", db)
+    assert no_seed.exit_code == 2 and "--seed-kernel FILE" in no_seed.stderr
+
+    store = open_db(db)
+    assert store.list_runs() == []  # nothing half-made by the refusals above
+    for command in (("show", "nope"), ("resume", "nope")):
+        missing = cli(*command, "--db", db)
+        assert missing.exit_code == 2 and f"no run nope in {db}" in missing.stderr
+    assert cli("optimize", "vector_add", "--policy", "psychic", "--db", db).exit_code == 2
+
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        locked = cli("runs", "--db", db)
+    finally:
+        holder.execute("ROLLBACK")
+    assert locked.exit_code == 2 and "locked by another process" in locked.stderr
+
+
+@pytest.mark.gpu
+def test_optimize_on_a_gpu_records_timings_and_speedups(cli, tmp_path):
+    db = tmp_path / "kloop.db"
+    done = cli("optimize", "vector_add", "--policy", "offline", "--language", "triton", "--max-attempts", 3,
+               "--db", db)
+    assert done.exit_code == 0, done.output
+    assert "over torch.compile" in done.output and "no timing is real" not in done.output
+    store = open_db(db, create=False)
+    (run,) = store.list_runs()
+    best = store.best_attempt(run["id"])
+    assert best["result"]["executed_on"] == "cuda" and best["speedup_eager"] > 0 and best["sol_fraction"] > 0
+    assert run["gpu_name"] and run["baselines"]["eager"]["median"] > 0
+    assert best["ptx"] and "registers" in best["diagnosis"]

@@ -1,0 +1,194 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.policies import make_policy
+from agent.policies.offline import NO_STARTERS, read_marker
+from agent.policy import AttemptView, PolicyError, ProposeContext
+from tools.store import source_hash
+from tools.target import load_target
+
+SEED = '''import torch
+import triton
+import triton.language as tl
+
+BLOCK_SIZE = 1024  # elements per program
+NUM_WARPS = 4
+SCALE = 1.5
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK_SIZE: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * 2, mask=offsets < n)
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        scale_kernel[(triton.cdiv(x.numel(), BLOCK_SIZE),)](x, out, x.numel(), BLOCK_SIZE=BLOCK_SIZE, num_warps=NUM_WARPS)
+        return out
+'''
+
+
+def context(history, language="auto", branch=0, best=None):
+    return ProposeContext(run_id="r", branch=branch, turn=len(history) + 1, target_name="t", target_source="",
+                          language=language, gpu=None, history=history, best=best)
+
+
+def attempt(number, proposal, verdict="correct", result=None, speedup=None):
+    return AttemptView(id=number, number=number, branch=0, language=proposal.language, source=proposal.source,
+                       verdict=verdict, reasons=[], time_us=None, speedup_eager=speedup, speedup_compile=None,
+                       sol_fraction=None, diagnosis="", result=result or {})
+
+
+def drive(policy, turns, language="auto"):
+    """Propose, record the proposal as a correct attempt, repeat; returns the proposals."""
+    history, proposals = [], []
+    for n in range(1, turns + 1):
+        proposal = policy.propose(context(history, language))
+        proposals.append(proposal)
+        if proposal.done:
+            break
+        history.append(attempt(n, proposal))
+    return proposals
+
+
+@pytest.fixture
+def seed(tmp_path):
+    path = tmp_path / "scale.py"
+    path.write_text(SEED)
+    return path
+
+
+def test_builtin_target_starts_from_the_catalog_starters():
+    policy = make_policy("offline", target=load_target("vector_add"))
+    first, second = drive(policy, 2)
+    assert (first.language, second.language) == ("triton", "ptx")
+    assert read_marker(first.source)["template"] == "vector_add/triton_block"
+    assert "Start from the vector_add/triton_block" in first.reasoning
+    triton_only = drive(make_policy("offline", target=load_target("vector_add")), 6, language="triton")
+    assert {p.language for p in triton_only} == {"triton"}
+
+
+def test_moves_are_deterministic_and_never_repeat_until_done(seed):
+    runs = [drive(make_policy("offline", seed_kernel=seed), 200) for _ in range(2)]
+    assert [p.source for p in runs[0]] == [p.source for p in runs[1]]
+    proposals = runs[0]
+    assert proposals[-1].done and not proposals[-1].source
+    tried = [source_hash(p.source) for p in proposals[:-1]]
+    assert len(tried) == len(set(tried)) > 10
+    # SCALE is a float constant: a tunable too; the seed itself comes first, unchanged
+    assert proposals[0].source.split("\n", 1)[1] == SEED
+    defaults = {"BLOCK_SIZE": 1024, "NUM_WARPS": 4, "SCALE": 1.5}
+    changed = {k for p in proposals[1:-1] for k, v in read_marker(p.source)["values"].items() if v != defaults[k]}
+    assert changed == set(defaults)
+
+
+def test_the_diagnosis_chooses_the_move(seed):
+    policy = make_policy("offline", seed_kernel=seed)
+    start = policy.propose(context([]))
+    spilling = {"verdict": "correct", "resources": [{"kernel": "k", "registers": 255, "spills": 12}]}
+    move = policy.propose(context([attempt(1, start, result=spilling)]))
+    assert read_marker(move.source)["values"]["BLOCK_SIZE"] == 512 and "spill" in move.reasoning
+
+    policy = make_policy("offline", seed_kernel=seed)
+    start = policy.propose(context([]))
+    starved = {"verdict": "correct", "roofline": {"bound": "memory", "sol_fraction": 0.4}}
+    move = policy.propose(context([attempt(1, start, result=starved)]))
+    assert read_marker(move.source)["values"]["BLOCK_SIZE"] == 2048 and "memory-bound" in move.reasoning
+
+    policy = make_policy("offline", seed_kernel=seed)
+    start = policy.propose(context([]))
+    crowded = {"verdict": "correct", "resources": [{"kernel": "k", "registers": 200, "spills": 0, "occupancy": 0.25}]}
+    move = policy.propose(context([attempt(1, start, result=crowded)]))
+    assert read_marker(move.source)["values"]["NUM_WARPS"] == 2 and "occupancy" in move.reasoning
+
+
+def test_searches_around_the_best_attempt(seed):
+    policy = make_policy("offline", seed_kernel=seed)
+    history = []
+    for n in range(1, 4):
+        history.append(attempt(n, policy.propose(context(history)), speedup=float(n == 2)))
+    best = history[1]
+    move = policy.propose(context(history, best=best))
+    values, best_values = read_marker(move.source)["values"], read_marker(best.source)["values"]
+    assert sum(values[k] != best_values[k] for k in values) == 1  # one step from the best
+    assert move.reasoning.startswith("Attempt 2 (")
+
+
+COMPILE = """
+import json, sys, torch
+from agent.kernels import ptx_edits
+c = ptx_edits.compile_triton_starter(sys.stdin.read(), [], [torch.randn(4096), torch.randn(4096)])
+print(json.dumps({"entry": c.entry, "ptx": c.ptx, "num_warps": c.num_warps, "shared_bytes": c.shared_bytes}))
+"""
+
+
+def triton_ptx(source: str) -> dict:
+    """The PTX a GPU run would report for this Triton source (compiled in a process without the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", COMPILE], input=source, capture_output=True, text=True, env=env,
+                          check=True)
+    return json.loads(done.stdout)
+
+
+def test_memory_bound_triton_kernel_gets_ptx_cache_hint_edits():
+    policy = make_policy("offline", target=load_target("vector_add"))
+    start = policy.propose(context([], language="auto"))
+    compiled = triton_ptx(start.source)
+    result = {"verdict": "correct", "ptx": {compiled["entry"]: compiled["ptx"]},
+              "roofline": {"bound": "memory", "sol_fraction": 0.5},
+              "resources": [{"kernel": compiled["entry"], "registers": 20, "num_warps": compiled["num_warps"],
+                             "shared_bytes": compiled["shared_bytes"]}]}
+    first = attempt(1, start, result=result, speedup=1.0)
+    history = [first, attempt(2, policy.propose(context([first])), verdict="runtime_error")]  # the PTX starter
+    moves = [policy.propose(context(history, best=first))]
+    while len(moves) < 3:
+        history.append(attempt(len(history) + 1, moves[-1], verdict="runtime_error"))
+        moves.append(policy.propose(context(history, best=first)))
+    assert [m.language for m in moves] == ["ptx"] * 3
+    assert [read_marker(m.source)["ptx_edit"] for m in moves] == ["none", "loads_nc_stores_cs", "stores_cs"]
+    assert "PtxKernel(PTX, PTX_ENTRY)" in moves[0].source and "st.global.cs" in moves[2].source
+
+
+def test_user_target_needs_a_seed_kernel(tmp_path):
+    target = tmp_path / "mine.py"
+    target.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+                      "def get_inputs():\n    return [torch.randn(4)]\ndef get_init_inputs():\n    return []\n")
+    with pytest.raises(PolicyError) as error:
+        make_policy("offline", target=load_target(str(target)))
+    assert str(error.value) == NO_STARTERS
+    with pytest.raises(PolicyError, match="cannot read seed kernel"):
+        make_policy("offline", seed_kernel=tmp_path / "missing.py")
+    with pytest.raises(PolicyError, match="unknown policy"):
+        make_policy("psychic")
+
+
+def test_diagnosis_reads_the_counters():
+    from agent.diagnose import diagnose
+
+    text, facts = diagnose({
+        "verdict": "correct", "roofline": {"bound": "memory", "sol_fraction": 0.42},
+        "resources": [{"kernel": "k", "registers": 168, "spill_stores_bytes": 64, "spill_loads_bytes": 64,
+                       "shared_bytes": 0, "occupancy": 0.25}],
+        "nvml": {"throttled": True, "reasons": ["SwPowerCap"]},
+        "ncu": {"k": {"dram_pct": 41.0, "sm_pct": 12.0, "achieved_occupancy_pct": 23.0,
+                      "stalls": {"long_scoreboard": 6.5, "wait": 0.4, "barrier": 1.2}}},
+        "speedup": {"eager": 1.31, "compile": 0.97}})
+    assert facts["bound"] == "memory" and facts["spills"] == 128 and facts["spilling"]
+    assert facts["low_occupancy"] and facts["register_heavy"] and facts["memory_room"] and facts["throttled"]
+    assert facts["top_stall"] == "long_scoreboard"
+    for phrase in ("memory-bound, at 42% of speed-of-light", "168 registers, 128 spilled", "throttled",
+                   "achieved occupancy 23%", "long_scoreboard 6.5, barrier 1.2", "1.31x over eager"):
+        assert phrase in text
+
+    text, facts = diagnose({"verdict": "compile_error", "reasons": ["line 3: bad token"], "resources": [{"kernel": "k"}],
+                            "timing_note": "no CUDA GPU: no timing is real"})
+    assert text.splitlines()[0] == "verdict compile_error: line 3: bad token" and "registers" not in text
+    assert not (facts["spilling"] or facts["memory_room"] or facts["low_occupancy"])

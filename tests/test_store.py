@@ -1,0 +1,112 @@
+import sqlite3
+
+import pytest
+
+from agent.policy import Message
+from tools.store import SCHEMA_VERSION, StoreError, open_db, source_hash
+
+
+@pytest.fixture
+def db(tmp_path):
+    store = open_db(tmp_path / "runs" / "kloop.db")
+    yield store
+    store.close()
+
+
+def test_round_trip_decodes_json_and_links_messages(db):
+    run_id = db.create_run(target_name="softmax", policy="offline", settings={"max_attempts": 3, "hours": None})
+    first = db.add_attempt(run_id, [Message(role="request", content={"prompt": "go"}, input_tokens=100, cost_usd=0.5),
+                                    Message(role="response", content={"text": "ok"}, output_tokens=20)],
+                           language="triton", source="x = 1\n", verdict="correct", reasons=[],
+                           speedup_eager=1.5, time_us={"median": 3.0}, result={"verdict": "correct"})
+    second = db.add_attempt(run_id, language="triton", source="x = 2", verdict="correct", speedup_eager=2.5)
+    db.add_attempt(run_id, language="ptx", source="x = 3", verdict="compile_error", reasons=["line 4: bad"])
+
+    run = db.get_run(run_id)
+    assert run["settings"] == {"max_attempts": 3, "hours": None} and run["status"] == "running"
+    attempts = db.attempts(run_id)
+    assert [a["number"] for a in attempts] == [1, 2, 3]
+    assert attempts[0]["time_us"] == {"median": 3.0} and attempts[0]["result"] == {"verdict": "correct"}
+    assert attempts[2]["reasons"] == ["line 4: bad"]
+    assert attempts[0]["source_hash"] == source_hash("x = 1")
+    assert db.best_attempt(run_id)["id"] == second
+    messages = db.messages(run_id)
+    assert [(m["seq"], m["role"], m["attempt_id"]) for m in messages] == [(1, "request", first), (2, "response", first)]
+    assert messages[0]["content"] == {"prompt": "go"}
+    assert db.usage(run_id) == {"tokens": 120, "cost_usd": 0.5}
+    progress = db.progress(run_id)
+    assert (progress["attempts"], progress["best_number"], progress["last_number"]) == (3, 2, 3)
+    listed = db.list_runs()
+    assert listed[0]["attempts_count"] == 3 and listed[0]["best_speedup_eager"] == 2.5
+
+
+def test_attempt_numbers_are_per_run_and_survive_reopening(tmp_path):
+    path = tmp_path / "k.db"
+    db = open_db(path)
+    a, b = db.create_run(target_name="a"), db.create_run(target_name="b")
+    for run_id in (a, b, a):
+        db.add_attempt(run_id, source="s", verdict="correct")
+    db.close()
+    db = open_db(path, create=False)
+    assert db.next_attempt_number(a) == 3 and db.next_attempt_number(b) == 2
+    assert [x["number"] for x in db.attempts(a)] == [1, 2]
+
+
+def test_a_failed_transaction_leaves_nothing(db):
+    run_id = db.create_run(target_name="t")
+    with pytest.raises(RuntimeError):
+        with db.transaction():
+            db.add_attempt(run_id, [Message(role="response", content="half")], source="s", verdict="correct")
+            raise RuntimeError("crash between the attempt and the run update")
+    with pytest.raises(sqlite3.IntegrityError):  # foreign keys are on: no attempt of a run that does not exist
+        db.add_attempt("nope", source="s")
+    assert db.attempts(run_id) == [] and db.messages(run_id) == []
+    assert db.next_attempt_number(run_id) == 1
+
+
+def test_unknown_run_column_and_status_are_one_line_errors(db):
+    with pytest.raises(StoreError, match=r"no run zzz in .*kloop.db"):
+        db.get_run("zzz")
+    run_id = db.create_run(target_name="t")
+    with pytest.raises(StoreError, match="unknown column"):
+        db.update_run(run_id, colour="blue")
+    with pytest.raises(StoreError, match="unknown run status"):
+        db.update_run(run_id, status="sleeping")
+
+
+@pytest.mark.parametrize("version, message", [(SCHEMA_VERSION + 1, "newer than this kloop"), (0, "older than any")])
+def test_other_schema_versions_are_refused(tmp_path, version, message):
+    path = tmp_path / "k.db"
+    open_db(path).db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(version)]).connection.commit()
+    with pytest.raises(StoreError, match=message):
+        open_db(path)
+
+
+def test_files_that_are_not_kloop_databases(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"certainly not sqlite" * 100)
+    with pytest.raises(StoreError, match="is not a SQLite database"):
+        open_db(junk)
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE notes (text)").connection.commit()
+    with pytest.raises(StoreError, match="not a kloop run database"):
+        open_db(other)
+    with pytest.raises(StoreError, match="no run database at"):
+        open_db(tmp_path / "missing.db", create=False)
+
+
+def test_unwritable_and_locked_paths(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a directory should be")
+    with pytest.raises(StoreError, match="cannot create"):
+        open_db(blocker / "kloop.db")
+
+    path = tmp_path / "k.db"
+    open_db(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process mid-write
+    try:
+        with pytest.raises(StoreError, match="locked by another process"):
+            open_db(path, timeout=0.1)
+    finally:
+        holder.execute("ROLLBACK")

@@ -1,0 +1,338 @@
+"""The run database: one SQLite file (WAL) holding runs, attempts and model messages (schema: docs/design.md).
+
+Every write happens in one transaction, so a crash never leaves half an attempt; JSON columns are decoded on read.
+
+    >>> db = open_db("runs/kloop.db")
+    >>> run_id = db.create_run(target_name="vector_add", policy="offline")
+    >>> attempt_id = db.add_attempt(run_id, language="triton", source="...", verdict="correct")
+    >>> db.attempts(run_id)[0]["number"]
+    1
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database
+
+from agent.policy import Message
+
+SCHEMA_VERSION = 1
+DEFAULT_DB = Path("runs/kloop.db")
+LOCK_TIMEOUT_S = 10.0  # how long to wait for another writer before calling the database locked
+
+RUN_COLUMNS = {
+    "id": str, "created_at": str, "finished_at": str, "status": str, "target_name": str, "target_source": str,
+    "target_sha256": str, "gpu_name": str, "driver": str, "cuda": str, "versions": str, "numeric_flags": str,
+    "policy": str, "model": str, "settings": str, "baselines": str, "best_attempt_id": int, "parent_run_id": str,
+    "parent_kind": str, "notes": str,
+}
+ATTEMPT_COLUMNS = {
+    "id": int, "run_id": str, "number": int, "branch": int, "parent_attempt_id": int, "turn": int, "created_at": str,
+    "language": str, "source": str, "source_hash": str, "reasoning": str, "ptx": str, "sass": str,
+    "compile_log": str, "resources": str, "verdict": str, "reasons": str, "time_us": str, "speedup_eager": float,
+    "speedup_compile": float, "sol_fraction": float, "roofline": str, "correctness": str, "ncu": str, "nvml": str,
+    "flags": str, "diagnosis": str, "reflection": str, "stdout": str, "stderr": str, "durations": str, "result": str,
+}
+MESSAGE_COLUMNS = {
+    "id": int, "run_id": str, "attempt_id": int, "branch": int, "turn": int, "seq": int, "created_at": str,
+    "role": str, "provider": str, "model": str, "content": str, "input_tokens": int, "output_tokens": int,
+    "cache_read_tokens": int, "cache_write_tokens": int, "latency_s": float, "cost_usd": float,
+}
+JSON_COLUMNS = {
+    "versions", "numeric_flags", "settings", "baselines", "ptx", "sass", "resources", "reasons", "time_us",
+    "roofline", "correctness", "ncu", "nvml", "flags", "durations", "result", "content",
+}
+RUN_STATUSES = ("running", "finished", "stopped", "failed")
+
+
+class StoreError(Exception):
+    """The run database cannot be used as asked: one line for the user."""
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def source_hash(source: str) -> str:
+    """sha256 of the source with trailing whitespace and blank lines normalized away (same kernel, same hash)."""
+    lines = [line.rstrip() for line in source.strip().splitlines()]
+    return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()
+
+
+def open_db(path: str | os.PathLike = DEFAULT_DB, create: bool = True, timeout: float | None = None) -> Store:
+    """Open (or, with create, make) a run database; every problem is one StoreError line.
+
+    >>> db = open_db("/tmp/x.db")            # creates the file and the schema
+    >>> open_db("/tmp/missing.db", create=False)
+    StoreError: no run database at /tmp/missing.db
+    """
+    path = Path(path)
+    if not path.exists():
+        if not create:
+            raise StoreError(f"no run database at {path}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create {path.parent}: {e.strerror}") from None
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise StoreError(f"{path} is not writable")
+    try:
+        conn = sqlite3.connect(str(path), timeout=LOCK_TIMEOUT_S if timeout is None else timeout,
+                               check_same_thread=False)
+        store = Store(Database(conn), path)
+        store._prepare()
+    except sqlite3.DatabaseError as e:
+        raise StoreError(_explain(path, e)) from None
+    return store
+
+
+def _explain(path: Path, error: sqlite3.DatabaseError) -> str:
+    text = str(error)
+    if "locked" in text or "busy" in text:
+        return f"{path} is locked by another process (is a kloop run still writing to it?)"
+    if "not a database" in text or "malformed" in text:
+        return f"{path} is not a SQLite database"
+    if "readonly" in text or "unable to open" in text:
+        return f"{path} is not writable ({text})"
+    return f"{path}: {text}"
+
+
+class Store:
+    """The run database. Methods are thread-safe (the graph's parallel branches share one Store)."""
+
+    def __init__(self, db: Database, path: Path):
+        self.db = db
+        self.path = path
+        self._lock = threading.RLock()
+
+    # -- setup ---------------------------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        db = self.db
+        db.execute("PRAGMA foreign_keys = ON")
+        tables = set(db.table_names())
+        if not tables:
+            db.enable_wal()
+            with db.atomic():
+                self._create_schema()
+            return
+        if "meta" not in tables:
+            raise StoreError(f"{self.path} is not a kloop run database (no meta table)")
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None or not str(row[0]).isdigit():
+            raise StoreError(f"{self.path} is not a kloop run database (no schema_version)")
+        version = int(row[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema version {version}, newer than this kloop's "
+                             f"({SCHEMA_VERSION}): upgrade kloop to read it")
+        if version < SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema version {version}, older than any kloop release "
+                             f"(no migration to {SCHEMA_VERSION} exists)")
+        # A write probe turns "locked by another writer" into an error now rather than at the first attempt.
+        with db.atomic():
+            db.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
+
+    def _create_schema(self) -> None:
+        db = self.db
+        db["meta"].create({"key": str, "value": str}, pk="key")
+        db["meta"].insert({"key": "schema_version", "value": str(SCHEMA_VERSION)})
+        db["runs"].create(RUN_COLUMNS, pk="id", not_null={"status", "created_at"})
+        db["attempts"].create(ATTEMPT_COLUMNS, pk="id", foreign_keys=[("run_id", "runs", "id")],
+                              not_null={"run_id", "number"})
+        db["attempts"].create_index(["run_id", "number"], unique=True)
+        db["attempts"].create_index(["source_hash"])
+        db["messages"].create(MESSAGE_COLUMNS, pk="id",
+                              foreign_keys=[("run_id", "runs", "id"), ("attempt_id", "attempts", "id")],
+                              not_null={"run_id", "role"})
+        db["messages"].create_index(["run_id", "attempt_id"])
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    # -- runs ----------------------------------------------------------------------------------------------------
+    def create_run(self, **cols: Any) -> str:
+        """Insert a run (status 'running') and return its short id.
+
+        >>> db.create_run(target_name="softmax", policy="offline", settings={"max_attempts": 8})
+        'a1b2c3d4'
+        """
+        row = {"id": uuid.uuid4().hex[:8], "created_at": now(), "status": "running", **cols}
+        with self._write():
+            self.db["runs"].insert(_check(row, RUN_COLUMNS))
+        return row["id"]
+
+    def update_run(self, run_id: str, **cols: Any) -> None:
+        """>>> db.update_run(run_id, status="finished", finished_at=now())"""
+        if cols.get("status", "running") not in RUN_STATUSES:
+            raise StoreError(f"unknown run status {cols['status']!r} (one of {', '.join(RUN_STATUSES)})")
+        self.get_run(run_id)
+        with self._write():
+            self.db["runs"].update(run_id, _check(cols, RUN_COLUMNS))
+
+    def get_run(self, run_id: str) -> dict:
+        """One run as a dict (JSON columns decoded); an unknown id is a StoreError."""
+        rows = self._select("SELECT * FROM runs WHERE id = ?", [run_id])
+        if not rows:
+            raise StoreError(f"no run {run_id} in {self.path}")
+        return rows[0]
+
+    def list_runs(self) -> list[dict]:
+        """All runs, newest first, each with its attempt count and best speedup over eager."""
+        return self._select(
+            "SELECT runs.*, (SELECT COUNT(*) FROM attempts WHERE run_id = runs.id) AS attempts_count, "
+            "(SELECT MAX(speedup_eager) FROM attempts WHERE run_id = runs.id AND verdict = 'correct') AS best_speedup_eager "
+            "FROM runs ORDER BY created_at DESC, rowid DESC")
+
+    # -- attempts ------------------------------------------------------------------------------------------------
+    def next_attempt_number(self, run_id: str) -> int:
+        with self._lock:
+            row = self.db.execute("SELECT COALESCE(MAX(number), 0) + 1 FROM attempts WHERE run_id = ?", [run_id])
+            return row.fetchone()[0]
+
+    def add_attempt(self, run_id: str, messages: list[Message] = (), **cols: Any) -> int:
+        """Commit one attempt (numbered next in its run, no gaps) with its messages, in one transaction.
+
+        >>> db.add_attempt(run_id, language="triton", source=src, verdict="compile_error", reasons=["..."])
+        7
+        """
+        with self._write():
+            number = self.next_attempt_number(run_id)
+            row = {"run_id": run_id, "number": number, "created_at": now(), "branch": 0, **cols}
+            if "source" in row and "source_hash" not in row:
+                row["source_hash"] = source_hash(row["source"] or "")
+            attempt_id = self.db["attempts"].insert(_check(row, ATTEMPT_COLUMNS)).last_pk
+            for message in messages:
+                self.add_message(run_id, message, attempt_id=attempt_id, branch=row["branch"], turn=row.get("turn"))
+        return attempt_id
+
+    def update_attempt(self, attempt_id: int, **cols: Any) -> None:
+        with self._write():
+            self.db["attempts"].update(attempt_id, _check(cols, ATTEMPT_COLUMNS))
+
+    def get_attempt(self, attempt_id: int) -> dict:
+        rows = self._select("SELECT * FROM attempts WHERE id = ?", [attempt_id])
+        if not rows:
+            raise StoreError(f"no attempt {attempt_id} in {self.path}")
+        return rows[0]
+
+    def attempts(self, run_id: str, branch: int | None = None) -> list[dict]:
+        """A run's attempts in number order (optionally one branch's)."""
+        if branch is None:
+            return self._select("SELECT * FROM attempts WHERE run_id = ? ORDER BY number", [run_id])
+        return self._select("SELECT * FROM attempts WHERE run_id = ? AND branch = ? ORDER BY number",
+                            [run_id, branch])
+
+    def best_attempt(self, run_id: str) -> dict | None:
+        """The fastest correct attempt; without timings (CPU runs) the first correct one."""
+        rows = self._select(
+            "SELECT * FROM attempts WHERE run_id = ? AND verdict = 'correct' "
+            "ORDER BY speedup_eager DESC NULLS LAST, number LIMIT 1", [run_id])
+        return rows[0] if rows else None
+
+    def progress(self, run_id: str) -> dict:
+        """The numbers the loop's stop rules need, without loading sources: attempts, active seconds spent
+        (sum of each attempt's durations.attempt), tokens and dollars, the best attempt's number and SOL fraction."""
+        with self._lock:
+            return self._progress(run_id)
+
+    def _progress(self, run_id: str) -> dict:
+        count, seconds, last = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(json_extract(durations, '$.attempt')), 0), COALESCE(MAX(number), 0) "
+            "FROM attempts WHERE run_id = ?", [run_id]).fetchone()
+        best = self.db.execute(
+            "SELECT id, number, sol_fraction, speedup_eager FROM attempts WHERE run_id = ? AND verdict = 'correct' "
+            "ORDER BY speedup_eager DESC NULLS LAST, number LIMIT 1", [run_id]).fetchone()
+        return {"attempts": count, "seconds": seconds, "last_number": last, **self.usage(run_id),
+                "best_id": best[0] if best else None, "best_number": best[1] if best else None,
+                "best_sol": best[2] if best else None, "best_speedup": best[3] if best else None}
+
+    # -- messages ------------------------------------------------------------------------------------------------
+    def add_message(self, run_id: str, message: Message, attempt_id: int | None = None, branch: int = 0,
+                    turn: int | None = None) -> int:
+        """Log one model/tool exchange; seq numbers messages in order within the run.
+
+        >>> db.add_message(run_id, Message(role="request", content={...}, provider="anthropic"))
+        """
+        with self._write():
+            seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages WHERE run_id = ?",
+                                  [run_id]).fetchone()[0]
+            row = {"run_id": run_id, "attempt_id": attempt_id, "branch": branch, "turn": turn, "seq": seq,
+                   "created_at": now(), **vars(message)}
+            return self.db["messages"].insert(_check(row, MESSAGE_COLUMNS)).last_pk
+
+    def messages(self, run_id: str) -> list[dict]:
+        return self._select("SELECT * FROM messages WHERE run_id = ? ORDER BY seq", [run_id])
+
+    def usage(self, run_id: str) -> dict:
+        """Tokens and dollars spent by a run so far (sum over its messages)."""
+        with self._lock:
+            row = self.db.execute(
+                "SELECT COALESCE(SUM(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), 0), "
+                "COALESCE(SUM(cost_usd), 0) FROM messages WHERE run_id = ?", [run_id]).fetchone()
+        return {"tokens": row[0], "cost_usd": row[1]}
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+    def transaction(self) -> _Transaction:
+        """Group several writes into one all-or-nothing transaction (nested writes join it).
+
+        >>> with db.transaction():
+        ...     attempt_id = db.add_attempt(run_id, ...)
+        ...     db.update_run(run_id, best_attempt_id=attempt_id)
+        """
+        return _Transaction(self)
+
+    _write = transaction
+
+    def _select(self, sql: str, params: list | None = None) -> list[dict]:
+        with self._lock:
+            rows = list(self.db.query(sql, params or []))
+        return [{k: _decode(k, v) for k, v in row.items()} for row in rows]
+
+
+class _Transaction:
+    """Lock + sqlite-utils atomic(): one writer thread at a time, all-or-nothing, errors as StoreError."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def __enter__(self):
+        self.store._lock.acquire()
+        self.atomic = self.store.db.atomic()
+        try:
+            self.atomic.__enter__()
+        except BaseException:
+            self.store._lock.release()
+            raise
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.atomic.__exit__(exc_type, exc, tb)  # commits, or rolls back and lets exc propagate
+        except sqlite3.OperationalError as e:
+            raise StoreError(_explain(self.store.path, e)) from None
+        finally:
+            self.store._lock.release()
+        if isinstance(exc, sqlite3.OperationalError):
+            raise StoreError(_explain(self.store.path, exc)) from None
+
+
+def _check(row: dict, columns: dict) -> dict:
+    unknown = set(row) - set(columns)
+    if unknown:
+        raise StoreError(f"unknown column(s) {', '.join(sorted(unknown))}")
+    return {k: json.dumps(v, default=str) if k in JSON_COLUMNS and v is not None else v for k, v in row.items()}
+
+
+def _decode(column: str, value: Any) -> Any:
+    if column in JSON_COLUMNS and isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
