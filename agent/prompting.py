@@ -1,0 +1,241 @@
+"""Turn what kloop knows into prompts, and model answers back into candidates.
+
+The wording lives in agent/prompts/*.j2; this module only gathers the facts those templates show. A request is
+built from a stable prefix (system prompt + target, cached by providers that cache) and one turn message that carries
+the evidence: older attempts as one-line summaries, the last `keep_full` attempts in full, so an 8-hour run's context
+stays bounded while the log still holds every request whole.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from agent.policy import AttemptView, ProposeContext
+from tools.rules import ALLOWED_IMPORTS, detect_language
+
+LANGUAGES = ("triton", "ptx")
+# Compiler logs and stderr can be megabytes (a Triton traceback, ptxas on a huge kernel): keep head and tail.
+MAX_LOG_CHARS = 4000
+
+_templates = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent / "prompts"),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=False,
+)
+
+
+def _render(template: str, **values) -> str:
+    text = _templates.get_template(template).render(**values)
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+
+
+@dataclass
+class Candidate:
+    language: str
+    source: str
+    rationale: str
+
+
+# -- prompts ---------------------------------------------------------------------------------------------------------
+def system_prompt(language: str = "auto", tools: bool = True) -> str:
+    """The instructions and rules; the same for every request of a run (cacheable)."""
+    languages = "Triton or PTX" if language == "auto" else ("PTX" if language == "ptx" else "Triton")
+    return _render("system.md.j2", tools=tools, languages=languages,
+                   allowed_imports=", ".join(sorted(ALLOWED_IMPORTS)))
+
+
+def hardware_text(gpu: dict | None) -> str:
+    if not gpu:
+        return ("no GPU: interpreter. Candidates run in the Triton CPU interpreter on a small problem; PTX cannot run "
+                "and is only assembled. No timing is real, so aim for correctness and a design that would be fast.")
+    parts = [gpu.get("name") or "unknown GPU"]
+    if gpu.get("sms"):
+        parts.append(f"{gpu['sms']} SMs")
+    if gpu.get("cc"):
+        parts.append(f"compute capability {gpu['cc']}")
+    if gpu.get("peak_gbps"):
+        parts.append(f"peak DRAM bandwidth {gpu['peak_gbps']:.0f} GB/s")
+    for key, label in (("peak_tflops_bf16", "bf16"), ("peak_tflops_fp32", "fp32")):
+        if gpu.get(key):
+            parts.append(f"peak {label} {gpu[key]:.0f} TFLOP/s")
+    if gpu.get("l2_bytes"):
+        parts.append(f"L2 {gpu['l2_bytes'] / 2**20:.0f} MiB")
+    return ", ".join(parts) + "."
+
+
+def target_prompt(ctx: ProposeContext) -> str:
+    """The target, the hardware and the language: stable for a whole run (cacheable)."""
+    return _render("target.md.j2", name=ctx.target_name, source=ctx.target_source.strip(),
+                   hardware=hardware_text(ctx.gpu), language=ctx.language)
+
+
+def turn_prompt(ctx: ProposeContext, keep_full: int = 4) -> str:
+    """This turn's evidence: summaries of older attempts, the last keep_full in full, the best kernel, the budget."""
+    history = ctx.history
+    older, recent = (history[:-keep_full], history[-keep_full:]) if keep_full > 0 else (history, [])
+    best = _facts(ctx.best) if ctx.best else None
+    # The best kernel's source stays in view even after it has scrolled out of the recent attempts.
+    best_report = attempt_report(ctx.best) if ctx.best and ctx.best.id not in {v.id for v in recent} else ""
+    return _render(
+        "turn.md.j2", turn=ctx.turn, branch=ctx.branch, budget=_budget_text(ctx.budget_left), best=best,
+        best_report=best_report, summaries=[attempt_summary(view) for view in older],
+        reports=[attempt_report(view) for view in recent], history_empty=not history)
+
+
+def attempt_report(view: AttemptView) -> str:
+    """Everything the evaluator learned about one attempt, with its source, as the model should read it."""
+    return _render("attempt.md.j2", a=_facts(view))
+
+
+def attempt_summary(view: AttemptView) -> str:
+    """One line: what was tried and what it gave."""
+    line = f"#{view.number} {view.language} {view.verdict}"
+    if view.speedup_eager is not None:
+        line += f", {view.speedup_eager:.2f}x eager"
+    if view.time_us is not None:
+        line += f", {view.time_us:.1f} us"
+    if view.sol_fraction is not None:
+        line += f", {view.sol_fraction:.0%} of speed of light"
+    # A failure's first reason says what went wrong; a success's diagnosis says what limits it.
+    detail = view.reasons[0] if view.verdict != "correct" and view.reasons else view.diagnosis
+    if detail:
+        line += f": {_one_line(detail, 160)}"
+    return line
+
+
+def _budget_text(budget: dict) -> str:
+    labels = {"attempts": "{:.0f} attempts", "seconds": "{:.0f} s", "cost": "${:.2f}", "cost_usd": "${:.2f}"}
+    return ", ".join(labels.get(key, key + " {}").format(value) for key, value in budget.items() if value is not None)
+
+
+def _facts(view: AttemptView) -> dict:
+    """The evaluator result flattened to short strings; anything missing is left out, never shown as None."""
+    result = view.result or {}
+    facts = {"number": view.number, "language": view.language, "verdict": view.verdict,
+             "reasons": list(view.reasons or []), "diagnosis": view.diagnosis, "source": view.source.strip(),
+             "flags": ", ".join(result.get("flags") or [])}
+    note = result.get("timing_note") or ""
+    facts["timing_note"] = note if note not in view.diagnosis else ""
+    timing = result.get("time_us")
+    if timing:
+        facts["time"] = (f"median {timing['median']:.2f} us (IQR {timing.get('q1', 0):.2f}-{timing.get('q3', 0):.2f}, "
+                         f"min {timing.get('min', 0):.2f}, n={timing.get('n', '?')})")
+    elif view.time_us is not None:
+        facts["time"] = f"median {view.time_us:.2f} us"
+    else:
+        facts["time"] = ""
+    speedups = [f"{value:.2f}x over {name}" for name, value in
+                (("eager", view.speedup_eager), ("torch.compile", view.speedup_compile)) if value is not None]
+    facts["speedup"] = ", ".join(speedups)
+    roofline = result.get("roofline") or {}
+    if view.sol_fraction is not None:
+        facts["roofline"] = (f"{view.sol_fraction:.0%} ({roofline.get('bound', '?')}-bound; floor "
+                             f"{_num(roofline.get('sol_us'))} us for {_num(roofline.get('bytes'))} bytes, "
+                             f"{_num(roofline.get('flops'))} FLOP)")
+    else:
+        facts["roofline"] = ""
+    correctness = result.get("correctness") or {}
+    if correctness.get("max_abs_err") is not None:
+        error = f"max abs error {correctness['max_abs_err']:.3g}, max rel error {correctness.get('max_rel_err', 0):.3g}"
+        if correctness.get("worst"):
+            error += f"; worst: {_one_line(str(correctness['worst']), 300)}"
+        facts["error"] = error
+    else:
+        facts["error"] = ""
+    # A kernel with no numbers (a CPU interpreter run) says nothing worth a line.
+    facts["resources"] = [line for line in map(_resource_line, result.get("resources") or []) if ": " in line]
+    nvml = result.get("nvml") or {}
+    facts["throttle"] = (f"throttled during timing ({', '.join(nvml.get('reasons') or ['reason unknown'])}): "
+                         "timings may be pessimistic") if nvml.get("throttled") else ""
+    facts["ncu"] = [f"{name}: {_ncu_line(counters)}" for name, counters in (result.get("ncu") or {}).items()]
+    facts["compile_log"] = _clip(result.get("compile_log") or "") if view.verdict == "compile_error" else ""
+    facts["stderr"] = _clip(result.get("stderr") or "") if view.verdict == "runtime_error" else ""
+    return facts
+
+
+def _resource_line(r: dict) -> str:
+    parts = [str(r.get("kernel", "?"))]
+    for key, label in (("registers", "registers"), ("spills", "spill bytes"), ("shared_bytes", "shared bytes"),
+                       ("num_warps", "warps"), ("num_stages", "stages"), ("threads", "threads")):
+        if r.get(key) is not None:
+            parts.append(f"{r[key]} {label}")
+    if r.get("occupancy") is not None:
+        parts.append(f"occupancy {r['occupancy']:.0%}" if isinstance(r["occupancy"], float) and r["occupancy"] <= 1
+                     else f"occupancy {r['occupancy']}")
+    return ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+
+
+def _ncu_line(counters: dict) -> str:
+    parts = []
+    for key, label in (("dram_pct", "DRAM"), ("sm_pct", "SM"), ("l2_hit_pct", "L2 hit")):
+        if counters.get(key) is not None:
+            parts.append(f"{label} {counters[key]:.0f}%")
+    if counters.get("achieved_occupancy") is not None:
+        parts.append(f"achieved occupancy {counters['achieved_occupancy']:.0f}%")
+    if counters.get("gpu_time_us") is not None:
+        parts.append(f"{counters['gpu_time_us']:.2f} us")
+    stalls = counters.get("stalls") or {}
+    if stalls:
+        top = sorted(stalls.items(), key=lambda kv: -(kv[1] or 0))[:3]
+        parts.append("top stalls " + ", ".join(f"{k} {v:.0f}%" for k, v in top))
+    return ", ".join(parts)
+
+
+def _num(value) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.3g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clip(text: str, limit: int = MAX_LOG_CHARS) -> str:
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - limit} characters cut ...]\n{text[-half:]}"
+
+
+# -- answers ---------------------------------------------------------------------------------------------------------
+def candidate_from_submission(arguments: dict) -> tuple[Candidate | None, str]:
+    """The submit_candidate tool's input as a candidate, or the one-line reason it is unusable."""
+    if not isinstance(arguments, dict):
+        return None, "submit_candidate input is not an object"
+    source = arguments.get("source")
+    if not isinstance(source, str) or not source.strip():
+        return None, "submit_candidate was called without a source (the whole module defining ModelNew)"
+    language = arguments.get("language") or detect_language(source)
+    if language not in LANGUAGES:
+        return None, f"submit_candidate language {language!r} is not one of {', '.join(LANGUAGES)}"
+    rationale = arguments.get("rationale")
+    return Candidate(language, source, rationale if isinstance(rationale, str) else ""), ""
+
+
+_FENCE = re.compile(r"```[ \t]*(python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_MARKER = re.compile(r"^[ \t]*#[ \t]*language:[ \t]*(\w+)", re.MULTILINE | re.IGNORECASE)
+
+
+def candidate_from_text(text: str) -> tuple[Candidate | None, str]:
+    """A candidate from a plain-text answer: the last fenced Python block that defines ModelNew.
+
+    The language comes from a `# language: ptx` marker in the block, else from its content.
+    """
+    blocks = [body for _, body in _FENCE.findall(text or "") if "ModelNew" in body]
+    if not blocks:
+        return None, "the answer has no ```python block defining ModelNew"
+    source = blocks[-1].strip() + "\n"
+    marker = _MARKER.search(source)
+    language = marker.group(1).lower() if marker else detect_language(source)
+    if language not in LANGUAGES:
+        return None, f"the language marker says {language!r}, not one of {', '.join(LANGUAGES)}"
+    rationale = _FENCE.sub("", text).strip()
+    return Candidate(language, source, rationale), ""
