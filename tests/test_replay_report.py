@@ -1,0 +1,178 @@
+"""kloop report and kloop replay over databases built through the store API."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from agent import cmd_data
+from test_export import GPU, attempt_columns, kernel, make_offline_run, timing  # noqa: F401  (shared builders)
+from tools.replay import compare
+from tools.report import NO_TIMING_NOTE, leaderboard, progress_figure, roofline_figure
+from tools.store import open_db
+
+
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command("report")(cmd_data.report_command)
+    app.command("replay")(cmd_data.replay_command)
+    return app
+
+
+def db_with_run(path, timed: bool) -> str:
+    store = open_db(path)
+    run_id = make_offline_run(store, timed=timed)
+    store.close()
+    return run_id
+
+
+def is_png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+@pytest.mark.parametrize("timed", [True, False], ids=["gpu-timed", "cpu-untimed"])
+def test_report_writes_plots_and_summary(tmp_path, timed):
+    db = tmp_path / "kloop.db"
+    run_id = db_with_run(db, timed)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli(), ["report", run_id, "--db", str(db), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert is_png(out / "progress.png") and is_png(out / "roofline.png")
+    text = (out / "report.md").read_text()
+    assert f"# kloop run {run_id}: vector_add" in text
+    assert "## Best kernel: attempt 4 (triton)" in text and kernel(1024) in text
+    assert "| add_kernel | triton | 32 |" in text                 # resources table of the best kernel
+    assert "![progress](progress.png)" in text and "![roofline](roofline.png)" in text
+    attempt_rows = [line for line in text.split("## Attempts")[1].splitlines() if line.startswith("| ")][1:]
+    assert [row.split("|")[5].strip() for row in attempt_rows] == [
+        "compile_error", "incorrect", "correct", "correct", "correct", "correct", "rejected"]
+    if timed:
+        assert "ncu:" in text and "dram_pct" in text and "| 15 | 2 | 1.6 |" in attempt_rows[3]
+    else:
+        assert "| – | – | – |" in attempt_rows[3] and "ncu:" not in text
+
+
+def texts(figure) -> list[str]:
+    return [t.get_text() for ax in figure.axes for t in ax.texts]
+
+
+def test_untimed_plots_say_why(tmp_path):
+    store = open_db(tmp_path / "kloop.db")
+    attempts = store.attempts(make_offline_run(store, timed=False))
+    assert texts(progress_figure(attempts)) == [NO_TIMING_NOTE] * 3
+    assert texts(roofline_figure(attempts, None)) == [NO_TIMING_NOTE]
+
+
+def test_roofline_of_an_op_without_flops_shows_bandwidth(tmp_path):
+    store = open_db(tmp_path / "kloop.db")
+    run_id = store.create_run(target_name="copy", policy="offline")
+    for median in (20.0, 12.0):
+        columns = attempt_columns("correct", kernel(64), median)
+        store.add_attempt(run_id, **dict(columns, roofline={**columns["roofline"], "flops": 0}))
+    figure = roofline_figure(store.attempts(run_id), GPU["name"])
+    ax = figure.axes[0]
+    assert ax.get_ylabel().startswith("achieved GB/s") and texts(figure) == ["#1", "#2"]   # labels, no note
+    achieved = sorted(ax.collections[0].get_offsets()[:, 1])
+    assert achieved == pytest.approx([3 * 4 * (1 << 20) / 20.0 / 1e3, 3 * 4 * (1 << 20) / 12.0 / 1e3])
+    assert ax.lines[0].get_ydata()[0] == GPU["peak_gbps"]          # the memory roof
+
+
+def test_report_unknown_run_is_one_line(tmp_path):
+    db = tmp_path / "kloop.db"
+    db_with_run(db, timed=True)
+    result = CliRunner().invoke(cli(), ["report", "nosuchid", "--db", str(db), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1 and result.output.strip() == f"error: no run nosuchid in {db}"
+    assert not (tmp_path / "r").exists()
+
+
+def test_leaderboard_best_per_target_across_databases(tmp_path):
+    first, second = tmp_path / "a.db", tmp_path / "b.db"
+    db_with_run(first, timed=True)
+    store = open_db(second)
+    faster = store.create_run(target_name="vector_add", policy="anthropic", gpu_name=GPU["name"])
+    store.add_attempt(faster, **attempt_columns("correct", kernel(64), 10.0))
+    softmax = store.create_run(target_name="softmax", policy="offline")
+    store.add_attempt(softmax, **attempt_columns("correct", kernel(32), None))
+    store.add_attempt(store.create_run(target_name="layernorm", policy="offline"),
+                      **attempt_columns("incorrect", kernel(16), None))
+    store.close()
+    board = leaderboard([first, second])
+    assert [(row["target"], row["run"], row["attempt"]) for row in board] == [("softmax", softmax, 1),
+                                                                                ("vector_add", faster, 1)]
+    assert board[1]["speedup_eager"] == pytest.approx(3.0) and board[1]["db"] == str(second)
+    assert board[0]["time_us"] is None and board[0]["language"] == "triton"
+
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.slow   # two real evaluations in sandboxed workers: about 12 s on 2 CPU cores
+def test_replay_reverifies_on_cpu_and_flags_disagreements(tmp_path):
+    """A run logged on a GPU: attempt 1 honest, attempt 2 logged correct but subtracting. Re-verified here
+    (interpreter), attempt 2 is caught and flagged; the new run is linked and keeps the numbering."""
+    honest = (HERE / "candidates" / "honest_add.py").read_text()
+    db = tmp_path / "kloop.db"
+    store = open_db(db)
+    run_id = store.create_run(target_name="tiny_add", target_source=(HERE / "targets" / "tiny_add.py").read_text(),
+                              policy="offline", gpu_name=GPU["name"])
+    store.add_attempt(run_id, **attempt_columns("correct", honest, 15.0))
+    store.add_attempt(run_id, **attempt_columns("correct", honest.replace("+ tl.load(b_ptr", "- tl.load(b_ptr"), 14.0))
+    store.close()
+
+    result = CliRunner().invoke(cli(), ["replay", run_id, "--db", str(db), "--attempts", "all"],
+                                env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "not timed (no GPU)" in result.output and "verdict correct -> incorrect" in result.output
+    assert "1 disagreement(s)" in result.output
+
+    store = open_db(db, create=False)
+    new_run = next(r for r in store.list_runs() if r["parent_run_id"] == run_id)
+    assert new_run["parent_kind"] == "reverify" and new_run["status"] == "finished"
+    new_attempts = store.attempts(new_run["id"])
+    assert [(a["number"], a["verdict"]) for a in new_attempts] == [(1, "correct"), (2, "incorrect")]
+    assert new_attempts[0]["time_us"] is None and new_attempts[0]["result"]["executed_on"] == "cpu-interpreter"
+    assert new_run["best_attempt_id"] == new_attempts[0]["id"]
+    store.close()
+
+
+def test_replay_compare_time_tolerance():
+    old = {"verdict": "correct", "time_us": timing(10.0)}          # iqr 0.4 us
+    assert compare(old, {"verdict": "correct", "time_us": timing(10.9)}) == []          # within 10%
+    assert compare(old, {"verdict": "correct", "time_us": timing(14.0)}) == ["time 10 us -> 14 us (+40%)"]
+    noisy = {"verdict": "correct", "time_us": {**timing(10.0), "iqr": 1.0}}
+    assert compare(noisy, {"verdict": "correct", "time_us": {**timing(15.0), "iqr": 1.0}}) == []  # 3 x 2 us spread
+    assert compare(old, {"verdict": "incorrect", "time_us": None}) == ["verdict correct -> incorrect"]
+
+
+def test_replay_bad_input_is_one_line(tmp_path):
+    db = tmp_path / "kloop.db"
+    db_with_run(db, timed=True)
+    for args in (["nosuchid"], [db_with_run(db, timed=True), "--attempts", "newest"]):
+        result = CliRunner().invoke(cli(), ["replay", *args, "--db", str(db)])
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+        assert result.output.startswith("error:")
+
+
+@pytest.mark.gpu
+def test_replay_times_on_gpu(tmp_path):
+    """On a GPU the re-verified attempt carries real timings and speedups, and the table shows them."""
+    from rich.console import Console
+
+    from tools.replay import NOT_TIMED, comparison_table, replay
+
+    honest = (HERE / "candidates" / "honest_add.py").read_text()
+    db = tmp_path / "kloop.db"
+    store = open_db(db)
+    run_id = store.create_run(target_name="tiny_add", target_source=(HERE / "targets" / "tiny_add.py").read_text(),
+                              policy="offline", gpu_name=GPU["name"])
+    store.update_run(run_id, best_attempt_id=store.add_attempt(run_id, **attempt_columns("correct", honest, 15.0)))
+    store.close()
+    outcome = replay(run_id, db, "best")
+    new = outcome.rows[0].new
+    assert outcome.new_gpu and new["verdict"] == "correct"
+    assert new["time_us"]["median"] > 0 and new["speedup_eager"] > 0 and new["result"]["executed_on"] == "cuda"
+    console = Console(width=200, record=True)
+    console.print(comparison_table(outcome))
+    assert NOT_TIMED not in console.export_text()

@@ -1,0 +1,188 @@
+"""Re-verify and re-time a run's logged attempts on this machine, as a new run linked to the old one.
+
+The logged target source (not whatever the target file says today) is what gets evaluated, so a replay checks the
+same problem the run solved. The new run has parent_run_id = the old run, parent_kind 'reverify', and keeps the old
+attempt numbers, so old and new attempts pair up by number.
+
+    >>> outcome = replay("a1b2c3d4", "runs/kloop.db", "best")
+    >>> outcome.disagreements
+    [(7, 'time 12.1 us -> 15.9 us (+31%)')]
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tools.store import Store, StoreError, now, open_db
+
+WHICH = ("best", "correct", "all")
+TIME_REL_TOLERANCE = 0.10   # timings closer than this are the same ...
+TIME_IQR_FACTOR = 3.0       # ... as are timings within 3x their combined spread (noisy, short kernels)
+NOT_TIMED = "not timed (no GPU)"
+
+
+class ReplayError(Exception):
+    """The replay cannot be done as asked: one line for the user."""
+
+
+@dataclass
+class ReplayRow:
+    number: int
+    old: dict                                   # the logged attempt row
+    new: dict                                   # the new attempt's columns
+    disagreements: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ReplayOutcome:
+    run_id: str
+    new_run_id: str
+    rows: list[ReplayRow]
+    old_gpu: str | None
+    new_gpu: str | None
+
+    @property
+    def disagreements(self) -> list[tuple[int, str]]:
+        return [(row.number, d) for row in self.rows for d in row.disagreements]
+
+
+def select_attempts(store: Store, run: dict, which: str) -> list[dict]:
+    attempts = store.attempts(run["id"])
+    if which == "all":
+        return attempts
+    if which == "correct":
+        return [a for a in attempts if a.get("verdict") == "correct"]
+    best_id = run.get("best_attempt_id") or (store.best_attempt(run["id"]) or {}).get("id")
+    return [a for a in attempts if a["id"] == best_id]
+
+
+def attempt_columns(result: dict) -> dict:
+    """The attempts-table columns filled from one evaluator result dict (docs/design.md)."""
+    speedup = result.get("speedup") or {}
+    return {
+        "language": result.get("language"), "ptx": result.get("ptx"), "sass": result.get("sass"),
+        "compile_log": result.get("compile_log"), "resources": result.get("resources"),
+        "verdict": result.get("verdict"), "reasons": result.get("reasons") or [], "time_us": result.get("time_us"),
+        "speedup_eager": speedup.get("eager"), "speedup_compile": speedup.get("compile"),
+        "sol_fraction": (result.get("roofline") or {}).get("sol_fraction"), "roofline": result.get("roofline"),
+        "correctness": result.get("correctness"), "ncu": result.get("ncu"), "nvml": result.get("nvml"),
+        "flags": result.get("flags"), "stdout": result.get("stdout"), "stderr": result.get("stderr"),
+        "durations": result.get("durations_s"), "result": result,
+    }
+
+
+def compare(old: dict, new: dict) -> list[str]:
+    """Why the new measurement disagrees with the logged one (empty: it agrees)."""
+    found = []
+    if old.get("verdict") != new.get("verdict"):
+        found.append(f"verdict {old.get('verdict')} -> {new.get('verdict')}")
+    old_t, new_t = old.get("time_us") or {}, new.get("time_us") or {}
+    if old_t.get("median") and new_t.get("median"):
+        a, b = old_t["median"], new_t["median"]
+        spread = TIME_IQR_FACTOR * ((old_t.get("iqr") or 0.0) + (new_t.get("iqr") or 0.0))
+        if abs(b - a) > max(TIME_REL_TOLERANCE * a, spread):
+            found.append(f"time {a:.3g} us -> {b:.3g} us ({100 * (b - a) / a:+.0f}%)")
+    return found
+
+
+def _target_from_source(run: dict, directory: Path):
+    """Load the run's logged target source as a module file (the worker imports targets by path)."""
+    from tools.target import TargetError, load_target
+
+    if not run.get("target_source"):
+        raise ReplayError(f"run {run['id']} has no stored target source to replay against")
+    path = directory / f"{run.get('target_name') or 'target'}.py"
+    path.write_text(run["target_source"])
+    try:
+        return load_target(str(path))
+    except TargetError as e:
+        raise ReplayError(str(e)) from None
+
+
+def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", settings=None,
+           on_attempt: Callable[[ReplayRow], None] = lambda row: None) -> ReplayOutcome:
+    """Evaluate the chosen attempts again (fresh secret seed unless `settings` says otherwise) and store them."""
+    from sandbox.pool import WorkerPool
+    from tools.evaluate import EvalSettings, evaluate
+
+    settings = settings or EvalSettings()   # one secret seed for the whole replay
+    if which not in WHICH:
+        raise ReplayError(f"unknown --attempts {which!r} (one of {', '.join(WHICH)})")
+    try:
+        store = open_db(db_path, create=False)
+        run = store.get_run(run_id)
+    except StoreError as e:
+        raise ReplayError(str(e)) from None
+    try:
+        chosen = select_attempts(store, run, which)
+        if not chosen:
+            raise ReplayError(f"run {run_id} has no {'' if which == 'all' else which + ' '}attempt to replay")
+        with tempfile.TemporaryDirectory(prefix="kloop-replay-") as tmp, WorkerPool(spares=1) as pool:
+            target = _target_from_source(run, Path(tmp))
+            new_run_id = store.create_run(
+                target_name=run.get("target_name"), target_source=run["target_source"],
+                target_sha256=target.sha256, policy=run.get("policy"), model=run.get("model"),
+                settings={**(run.get("settings") or {}), "replay_attempts": which},
+                parent_run_id=run_id, parent_kind="reverify", notes=f"re-verification of run {run_id}")
+            rows = []
+            try:
+                for old in chosen:
+                    result = evaluate(target, old.get("source") or "", settings, pool)
+                    columns = attempt_columns(result)
+                    store.add_attempt(new_run_id, number=old["number"], branch=old.get("branch") or 0,
+                                      turn=old.get("turn"), source=old.get("source"), reasoning=old.get("reasoning"),
+                                      **columns)
+                    row = ReplayRow(old["number"], old, columns, compare(old, columns))
+                    rows.append(row)
+                    on_attempt(row)
+            except BaseException as e:
+                store.update_run(new_run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
+                                 notes=f"replay of {run_id} interrupted: {type(e).__name__}: {e}")
+                raise
+        gpu = (rows[0].new["result"].get("gpu") or {}) if rows else {}
+        best = store.best_attempt(new_run_id)
+        store.update_run(new_run_id, status="finished", finished_at=now(), best_attempt_id=best["id"] if best else None,
+                         gpu_name=gpu.get("name"), driver=gpu.get("driver"), cuda=gpu.get("cuda"),
+                         versions=rows[0].new["result"].get("versions"),
+                         numeric_flags=rows[0].new["result"].get("numeric_flags"),
+                         baselines=rows[0].new["result"].get("baselines"))
+    finally:
+        store.close()
+    return ReplayOutcome(run_id, new_run_id, rows, run.get("gpu_name"), gpu.get("name"))
+
+
+# -- display ---------------------------------------------------------------------------------------------------------
+
+def _median(columns: dict) -> float | None:
+    return (columns.get("time_us") or {}).get("median")
+
+
+def _pair(old: str, new: str) -> str:
+    return old if old == new else f"{old} → {new}"
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    return "–" if value is None else f"{value:.3g}{unit}"
+
+
+def comparison_table(outcome: ReplayOutcome):
+    """Old and new side by side ("logged → now") for verdict, time and speedups; disagreements in red."""
+    from rich.table import Table
+
+    timed_here = outcome.new_gpu is not None
+    table = Table(title=f"run {outcome.run_id} ({outcome.old_gpu or 'no GPU'}) re-verified as "
+                        f"{outcome.new_run_id} ({outcome.new_gpu or 'no GPU'}): logged → now")
+    for header in ("#", "verdict", "time (us)", "x eager", "x compile", "disagreement"):
+        table.add_column(header, justify="right" if header == "#" else "left")
+    for row in outcome.rows:
+        old, new = row.old, row.new
+        cells = []
+        for key, unit in (("time_us", ""), ("speedup_eager", "x"), ("speedup_compile", "x")):
+            logged, now_ = (_median(old), _median(new)) if key == "time_us" else (old.get(key), new.get(key))
+            cells.append(f"{_number(logged, unit)} → {_number(now_, unit) if timed_here else NOT_TIMED}")
+        table.add_row(str(row.number), _pair(old.get("verdict") or "–", new.get("verdict") or "–"), *cells,
+                      "; ".join(row.disagreements) or "agrees", style="red" if row.disagreements else None)
+    return table
