@@ -80,7 +80,8 @@ def print_summary(r: dict) -> None:
         table = Table("", "median us", "IQR us", "speedup")
         table.add_row("candidate", f"{t['median']:.2f}", f"{t['iqr']:.2f}", "")
         for name, b in (r.get("baselines") or {}).items():
-            table.add_row(name, f"{b['median']:.2f}", f"{b['iqr']:.2f}", f"{r['speedup'].get(name, 0):.2f}x")
+            spread = f"{b['iqr']:.2f}" if "iqr" in b else "derived from eager"
+            table.add_row(name, f"{b['median']:.2f}", spread, f"{r['speedup'].get(name, 0):.2f}x")
         console.print(table)
         roof = r.get("roofline") or {}
         if roof.get("sol_fraction") is not None:
