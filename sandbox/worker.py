@@ -32,6 +32,11 @@ def make_inputs(target, seed: int) -> list:
     return [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
+def round_seed(seed: int, round_index: int) -> int:
+    """The input seed of one timing round; the trusted side derives the same to check the rounds it kept."""
+    return (seed * 1_000_003 + round_index) % (1 << 62)
+
+
 def _import_file(path: str, name: str):
     import importlib.util
 
@@ -145,29 +150,58 @@ class Worker:
         return {"status": "ok", "problems": problems, "outputs": files, "launches": self.watch.launches,
                 "forbidden_ops": self.watch.forbidden_ops, "seconds": time.perf_counter() - started}
 
-    def time(self, seed: int, calls: int, warmup: int, baselines: list[str]) -> dict:
+    def time(self, seed: int, calls: int, warmup: int, baselines: list[str], keep_rounds: list[int] | None = None,
+             buffers: list | None = None, out_prefix: str = "") -> dict:
+        """Interleaved timing on fresh input data every round (so no output cache can answer), the candidate's calls
+        watched like trials; the outputs of the rounds the trusted side named are handed back for checking."""
         from tools import profile
 
+        keep_rounds, buffers = set(keep_rounds or []), buffers or []
         with self._shape(0):
-            inputs = make_inputs(self.target, seed)
+            current = {"inputs": make_inputs(self.target, round_seed(seed, 0))}
             model = self.models[0]
-            fns = {"candidate": lambda: model(*inputs)}
+            launches, forbidden, kept = [], set(), {}
+
+            def candidate():
+                before = self.watch.count
+                with harness.OpRecorder() as recorder:
+                    self.watch.recorder = recorder
+                    out = model(*current["inputs"])
+                self.watch.recorder = None
+                forbidden.update(recorder.forbidden)
+                launches.append(self.watch.count - before)
+                return out
+
+            def keep(name, round_index, out):
+                if name == "candidate" and round_index in keep_rounds:
+                    kept[round_index] = [t.clone() for t in harness.flatten_outputs(out) if type(t) is torch.Tensor]
+
+            fns = {"candidate": candidate}
             if "eager" in baselines or "compile" in baselines:
                 torch.manual_seed(self.init_seed)
                 init_inputs = self.target.get_init_inputs()
                 torch.manual_seed(self.init_seed)
                 reference = self.target.Model(*init_inputs).to(DEVICE)
                 if "eager" in baselines:
-                    fns["eager"] = lambda: reference(*inputs)
+                    fns["eager"] = lambda: reference(*current["inputs"])
                 if "compile" in baselines:
                     compiled = torch.compile(reference, mode="max-autotune-no-cudagraphs")
-                    fns["compile"] = lambda: compiled(*inputs)
+                    fns["compile"] = lambda: compiled(*current["inputs"])
             start = time.perf_counter()
             try:
-                timings = profile.time_interleaved(fns, calls=calls, warmup=warmup)
+                timings = profile.time_interleaved(
+                    fns, calls=calls, warmup=warmup, after_call=keep,
+                    before_round=lambda i: current.update(inputs=make_inputs(self.target, round_seed(seed, i))))
             except Exception as e:
                 return self._error("runtime_error", e)
-        return {"status": "ok", "timings": timings, "seconds": time.perf_counter() - start}
+        returned = []
+        for round_index in sorted(kept):
+            lent = buffers[len(returned)] if len(returned) < len(buffers) else []
+            returned.append({"round": round_index, "outputs": [
+                _send_tensor(t, f"{out_prefix}.{round_index}.{i}.bin", lent[i] if i < len(lent) else None)
+                for i, t in enumerate(kept[round_index])]})
+        return {"status": "ok", "timings": timings, "seconds": time.perf_counter() - start, "kept": returned,
+                "min_launches": min(launches, default=0), "forbidden_ops": sorted(forbidden)}
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _shape(self, index: int):

@@ -146,3 +146,17 @@ def test_cli_eval_bad_input_is_one_line():
     done = kloop("eval", "vector_add", "missing.py")
     assert done.returncode == 2 and "no candidate file" in done.stderr
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cache_by_pointer", "lazy_when_timed"])
+def test_cheating_only_while_timed_is_caught(tiny, pool, name):
+    r = judge(tiny, name, pool)
+    assert r["verdict"] in ("incorrect", "rejected") and r["time_us"] is None, (r["verdict"], r["reasons"])
+
+
+@pytest.mark.gpu
+def test_illegal_address_is_contained_and_the_gpu_stays_usable(tiny, pool):
+    r = judge(tiny, "out_of_bounds", pool)
+    assert r["verdict"] == "runtime_error", r["reasons"]
+    assert judge(tiny, "honest_add", pool)["verdict"] == "correct"

@@ -24,6 +24,7 @@ import torch
 
 from sandbox.ipc import share_buffer
 from sandbox.pool import WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout, scrubbed_env
+from sandbox.worker import round_seed
 from tools import profile, rules, verify
 from tools.numerics import pin_numeric_flags
 from tools.target import Target
@@ -60,6 +61,9 @@ class EvalSettings:
 
 
 _COMPILE_TO_EAGER: dict[str, float] = {}  # target and shape -> torch.compile time / eager time, measured side by side
+
+
+KEPT_ROUNDS = 3  # timed rounds whose outputs are checked afterwards
 
 
 def derive_seed(secret: int, *parts) -> int:
@@ -101,7 +105,7 @@ class Evaluation:
         self.worker: WorkerProcess | None = None
         self.shapes = target.shapes(self.settings.small)
         self.init_seed = derive_seed(self.settings.seed, "init")
-        self._buffers: dict[tuple[int, int], tuple[torch.Tensor, dict]] = {}
+        self._buffers: dict[tuple, tuple[torch.Tensor, dict]] = {}
         self._started = time.perf_counter()
         self.result: dict = {
             "verdict": None, "reasons": [], "language": rules.detect_language(source),
@@ -194,7 +198,7 @@ class Evaluation:
         self.result["correctness"] = dict(worst, trials=trials, shapes=len(self.shapes))
         self.result["verdict"] = "correct"
 
-    def _lend(self, shape: int, expected: list) -> list[tuple[torch.Tensor, dict]]:
+    def _lend(self, shape, expected: list) -> list[tuple[torch.Tensor, dict]]:
         """One output buffer per shape and output, shared once (opening an IPC handle is slow), poisoned per trial."""
         lent = []
         for i, ref in enumerate(expected):
@@ -250,13 +254,13 @@ class Evaluation:
                 outputs = verify_outputs_of(reference, inputs)
             nbytes, flops = profile.count_bytes_and_flops(reference, inputs, outputs)
             dtype = next((x.dtype for x in inputs if isinstance(x, torch.Tensor)), torch.float32)
-        del reference, inputs, outputs
+        del inputs, outputs
         if DEVICE.type != "cuda":
             self.result["timing_note"] = NO_GPU_NOTE
             self.result["roofline"] = {"bytes": nbytes, "flops": flops, "bound": None, "sol_us": None,
                                        "sol_fraction": None}
             return
-        timings = self._time(main_inputs_seed)
+        timings = self._time(main_inputs_seed, reference)
         if timings is None:
             return
         gpu = self.result["gpu"]
@@ -265,7 +269,7 @@ class Evaluation:
         suspicious = (speedup and max(speedup.values()) > self.settings.max_speedup) or \
             (roof.get("sol_us") and timings["candidate"]["median"] < roof["sol_us"])
         if suspicious:  # measure again before believing it, and say so either way
-            again = self._time(main_inputs_seed)
+            again = self._time(derive_seed(self.settings.seed, "time", "again"), reference)
             if again is None:
                 return
             timings = again
@@ -287,7 +291,13 @@ class Evaluation:
         if self.settings.ncu:
             self.result["ncu"] = self._ncu()
 
-    def _time(self, seed: int) -> dict | None:
+    def _time(self, seed: int, reference: torch.nn.Module) -> dict | None:
+        """One interleaved timing in the worker; None (and a verdict) if the candidate misbehaved while timed."""
+        calls = self.settings.timed_calls
+        keep_rounds = sorted(secrets.SystemRandom().sample(range(calls), min(KEPT_ROUNDS, calls)))
+        with self.target.overrides(self.shapes[0]), torch.no_grad():
+            expected = verify_outputs_of(reference, make_inputs(self.target, round_seed(seed, 0)))
+        lent = [self._lend(("time", r), expected) for r in range(len(keep_rounds))]
         before = profile.nvml_snapshot()
         baselines = list(self.settings.baselines)
         ratio_key = f"{self.target.sha256}:{json.dumps(_encode(self.shapes[0]), sort_keys=True)}"
@@ -295,10 +305,12 @@ class Evaluation:
             and ratio_key in _COMPILE_TO_EAGER
         if derive:
             baselines.remove("compile")
-        reply = self._call(self.settings.time_timeout_s, cmd="time", seed=seed, calls=self.settings.timed_calls,
-                           warmup=self.settings.warmup_calls, baselines=baselines)
+        reply = self._call(self.settings.time_timeout_s, cmd="time", seed=seed, calls=calls,
+                           warmup=self.settings.warmup_calls, baselines=baselines, keep_rounds=keep_rounds,
+                           buffers=[[desc for _, desc in bufs] for bufs in lent],
+                           out_prefix=str(self.worker.workdir / "timed"))
         after = profile.nvml_snapshot()
-        if not self._ok(reply, stage="profile"):
+        if not self._ok(reply, stage="profile") or not self._timed_calls_honest(reply, seed, reference, lent):
             return None
         timings = reply["timings"]
         if derive:
@@ -316,6 +328,31 @@ class Evaluation:
                 cand["events_total_ms"] > cand["wall_total_ms"] * 1.05:
             self.result["flags"].append("events_exceed_wall_clock")
         return timings
+
+    def _timed_calls_honest(self, reply: dict, seed: int, reference: torch.nn.Module, lent: list) -> bool:
+        """Timed calls get fresh data each round; the outputs of rounds only we knew in advance must be right too,
+        so a candidate cannot be fast by being wrong (or idle, or PyTorch) once verification is over."""
+        if reply.get("forbidden_ops"):
+            self._finish("rejected", "while timed, ModelNew.forward computed with PyTorch ops: "
+                         + ", ".join(reply["forbidden_ops"][:8]))
+            return False
+        if not reply.get("min_launches"):
+            self._finish("rejected", "a timed call launched none of the candidate's kernels")
+            return False
+        kept = reply.get("kept") or []
+        if len(kept) != len(lent):
+            self._finish("incorrect", f"the worker returned {len(kept)} of the {len(lent)} timed outputs asked for")
+            return False
+        worst = {"max_abs_err": 0.0, "max_rel_err": 0.0}
+        for entry, bufs in zip(kept, lent):
+            with self.target.overrides(self.shapes[0]), torch.no_grad():
+                expected = verify_outputs_of(reference, make_inputs(self.target, round_seed(seed, entry["round"])))
+            reasons = self._compare(entry.get("outputs", []), expected, [buf for buf, _ in bufs], worst)
+            self._discard_files(entry)
+            if reasons:
+                self._finish("incorrect", *[f"timed call {entry['round'] + 1}: {r}" for r in reasons])
+                return False
+        return True
 
     @staticmethod
     def _speedups(timings: dict) -> dict | None:

@@ -190,14 +190,16 @@ LAUNCH_COVER_CYCLES = 1_000_000  # about 0.5 ms at Hopper's ~2 GHz SM clock
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], calls: int = 30, warmup: int = 5,
-                     flush_bytes: int | None = None) -> dict[str, dict]:
+                     flush_bytes: int | None = None, before_round: Callable[[int], None] | None = None,
+                     after_call: Callable[[str, int, object], None] | None = None) -> dict[str, dict]:
     """Time several callables round-robin on the current CUDA device, so clock drift hits them alike.
 
     Each timed call starts with a cold L2 (a buffer of 2x the L2 size is written first, then waited for), runs behind a
     short GPU spin that hides the host's launch path, is bracketed by CUDA events on the current stream and waited for
     device-wide: the event time is the GPU time of the callable's kernels, as Nsight Compute would measure it.
     The host wall clock around each call is summed too: events_total_ms must not exceed wall_total_ms; much smaller
-    events than wall time means work ran outside the current stream.
+    events than wall time means work ran outside the current stream. `before_round(i)` runs before round i and
+    `after_call(name, i, output)` after each timed call, both outside the events.
     """
     import torch
 
@@ -218,6 +220,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], calls: int = 30, warm
     events: dict[str, list] = {name: [] for name in names}
     wall_s = dict.fromkeys(names, 0.0)
     for round_index in range(calls):
+        if before_round is not None:  # e.g. fresh input data, outside the timed region
+            before_round(round_index)
         # Rotate the order each round so no callable always runs right after the same neighbour.
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
@@ -230,11 +234,14 @@ def time_interleaved(fns: dict[str, Callable[[], object]], calls: int = 30, warm
             # events time the kernels, not Python; a launch slower than the spin still shows up in full.
             torch.cuda._sleep(LAUNCH_COVER_CYCLES)
             start.record()
-            fns[name]()
+            out = fns[name]()
             end.record()
             torch.cuda.synchronize()
             wall_s[name] += time.perf_counter() - began
             events[name].append((start, end))
+            if after_call is not None:  # e.g. keep an output to verify later, outside the timed region
+                after_call(name, round_index, out)
+            del out
 
     results = {}
     for name in names:
