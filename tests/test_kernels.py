@@ -1,12 +1,9 @@
 """Starter kernels: Triton starters against their targets under the interpreter, PTX starters and PTX edits through
 ptxas, the PTX GELU's erf approximation in NumPy, and the catalog's rendering of tunables."""
 import ast
-import json
+import contextlib
+import dataclasses
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +16,6 @@ from tools.launch import NoGpuError
 from tools.target import load_target
 from tools.targets import BUILTIN_TARGETS
 
-REPO = Path(__file__).resolve().parents[1]
 ALL_STARTERS = [s for name in BUILTIN_TARGETS for s in starters_for(name)]
 TRITON_STARTERS = [s for s in ALL_STARTERS if s.language == "triton"]
 PTX_STARTERS = [s for s in ALL_STARTERS if s.language == "ptx"]
@@ -56,6 +52,19 @@ def _tolerance(target_name, dtype):
     return {"atol": 1e-5, "rtol": 1e-5}
 
 
+@contextlib.contextmanager
+def _full_precision_reductions():
+    """cuBLAS may otherwise split K and add the partial sums in bf16/fp16 (torch's default), which puts the
+    reference, not the fp32-accumulating candidate, several ulps off (e.g. exact zeros at K=777)."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = matmul.allow_fp16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction = saved
+
+
 def _check_against_reference(target, candidate_module, shapes, device="cpu"):
     module = target.module
     for shape in shapes:
@@ -66,8 +75,9 @@ def _check_against_reference(target, candidate_module, shapes, device="cpu"):
             candidate = candidate_module.ModelNew(*module.get_init_inputs()).to(device)
             torch.manual_seed(1)
             inputs = [t.to(device) for t in module.get_inputs()]
-            with torch.no_grad():
+            with torch.no_grad(), _full_precision_reductions():
                 expected = reference(*inputs)
+            with torch.no_grad():
                 got = candidate(*inputs)
         torch.testing.assert_close(got, expected, **_tolerance(target.name, expected.dtype),
                                    msg=lambda m: f"{target.name} at {shape}: {m}")
@@ -195,65 +205,104 @@ def test_compile_triton_starter_refuses_the_interpreter(monkeypatch):
     monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
     starter = next(s for s in ALL_STARTERS if s.name == "vector_add/triton_block")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
-        ptx_edits.compile_triton_starter(starter.source, [], [torch.randn(16), torch.randn(16)])
-
-
-_COMPILE_SCRIPT = """
-import json, sys
-from agent.kernels import catalog, ptx_edits
-from tools.target import load_target
-name = sys.argv[1]
-starter = next(s for s in catalog.starters_for(name.split("/")[0]) if s.name == name)
-target = load_target(starter.target)
-with target.overrides(target.shapes(small=True)[0]):
-    r = ptx_edits.compile_triton_starter(starter.source, target.module.get_init_inputs(), target.module.get_inputs())
-print(json.dumps(r.__dict__))
-"""
+        ptx_edits.compile_triton_starter(starter.source, [], [torch.randn(16), torch.randn(16)], specialize=True)
 
 
 @pytest.fixture(scope="module")
 def softmax_ptx():
-    """softmax/triton_row compiled to PTX with no GPU (a fresh process: the interpreter must be off)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, "softmax/triton_row"],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """softmax/triton_row compiled to PTX (specialized, generic) at the small main shape, with no GPU, in a fresh
+    process (the interpreter must be off); a failure carries the subprocess's stderr."""
+    starter = next(s for s in ALL_STARTERS if s.name == "softmax/triton_row")
+    return ptx_edits.compile_for_target(starter.source, "softmax", small=True)
+
+
+def _softmax_candidate(compiled):
+    starter = next(s for s in ALL_STARTERS if s.name == "softmax/triton_row")
+    return ptx_edits.ptx_candidate_from_triton(starter.source, compiled)
 
 
 def test_triton_ptx_and_its_cache_hint_variants_assemble(softmax_ptx):
-    assert softmax_ptx["entry"] == "softmax_row_kernel" and softmax_ptx["num_warps"] == 16
-    assemble_ptx(softmax_ptx["ptx"])
-    variants = ptx_edits.cache_hint_variants(softmax_ptx["ptx"])
-    assert {"loads_nc", "stores_cs"} <= set(variants)
-    for text in variants.values():
-        assemble_ptx(text)
+    specialized, generic = softmax_ptx
+    assert (specialized.entry, generic.entry) == ("softmax_row_kernel", "softmax_row_kernel_generic")
+    assert specialized.num_warps == generic.num_warps == 16
+    assert specialized.constexprs == generic.constexprs == {"BLOCK_COLS": 1024, "ROWS_PER_PROGRAM": 1}
+    assert specialized.aligned and not generic.aligned and generic.divisible == generic.ones == []
+    for compiled in softmax_ptx:
+        assemble_ptx(compiled.ptx)
+        variants = ptx_edits.cache_hint_variants(compiled.ptx)
+        assert {"loads_nc", "stores_cs"} <= set(variants)
+        for text in variants.values():
+            assemble_ptx(text)
 
 
 def test_ptx_candidate_from_triton_compiles_assembles_and_matches_params(softmax_ptx):
-    starter = next(s for s in ALL_STARTERS if s.name == "softmax/triton_row")
-    source = ptx_edits.ptx_candidate_from_triton(starter.source, softmax_ptx["ptx"], softmax_ptx["entry"],
-                                                 softmax_ptx["num_warps"], softmax_ptx["shared_bytes"])
+    source = _softmax_candidate(softmax_ptx)
     assert "import triton" not in source and "@triton.jit" not in source
     from tools.rules import check_source, detect_language
     assert check_source(source) == [] and detect_language(source) == "ptx"
     namespace = _exec_module(source)
-    assert namespace["PTX_PARAM_BYTES"] == [8, 8, 4, 4, 8, 8]  # x, out, n_rows, n_cols + Triton's 2 scratch
+    # x, out, n_rows, n_cols + Triton's 2 scratch pointers, in both compilations
+    assert namespace["PTX_PARAM_BYTES"] == {"softmax_row_kernel": [8, 8, 4, 4, 8, 8],
+                                            "softmax_row_kernel_generic": [8, 8, 4, 4, 8, 8]}
+    assert namespace["PTX_MASKED_CONSTEXPRS"] == ("BLOCK_COLS",)
     model = namespace["ModelNew"]()
-    assert model.ptx_kernel.name == "softmax_row_kernel"
+    assert [k.name for k in model.ptx_kernels] == ["softmax_row_kernel", "softmax_row_kernel_generic"]
     if not torch.cuda.is_available():
-        # NoGpuError is raised by PtxKernel.launch, after the candidate's own argument-count check passed.
+        # NoGpuError is raised by PtxKernel.launch, after the candidate picked a compilation that fits.
         with pytest.raises(NoGpuError):
             model(torch.randn(4, 100))
+
+
+def test_ptx_candidate_picks_specialized_generic_or_refuses(softmax_ptx):
+    namespace = _exec_module(_softmax_candidate(softmax_ptx))
+    fits, (specialized, generic) = namespace["ptx_variant_fits"], namespace["PTX_VARIANTS"]
+    divisible = specialized["divisible"]
+    assert divisible, "the small shape's n_cols (1000) is a multiple of 8 but n_rows (64) of 16"
+    x = torch.zeros(64 * 1024 + 4)
+    aligned_args = [x, torch.zeros(16), 64, 1000]
+    block = {"BLOCK_COLS": 1024, "ROWS_PER_PROGRAM": 1}
+    assert fits(specialized, None, aligned_args, block)
+    assert not fits(specialized, None, [x[1:], *aligned_args[1:]], block)        # a pointer off 16-byte alignment
+    odd = list(aligned_args)
+    odd[divisible[0]] += 1
+    assert not fits(specialized, None, odd, block) and fits(generic, None, odd, block)
+    smaller = {"BLOCK_COLS": 256, "ROWS_PER_PROGRAM": 1}                       # masked: a compiled 1024 serves it
+    assert fits(generic, None, [x[1:], x, 5, 201], smaller)
+    assert not fits(generic, None, aligned_args, {"BLOCK_COLS": 4096, "ROWS_PER_PROGRAM": 1})
+    assert not fits(generic, None, aligned_args, {"BLOCK_COLS": 1024, "ROWS_PER_PROGRAM": 2})
+    assert not fits(generic, None, [x, x, 64, 2**31], block)                    # does not fit the i32 parameter
+    starter = next(s for s in ALL_STARTERS if s.name == "softmax/triton_row")
+    other_rendering = ptx_edits.ptx_candidate_from_triton(render(starter, {"ROWS_PER_PROGRAM": 2}), softmax_ptx)
+    with pytest.raises(RuntimeError, match="no compiled PTX fits"):
+        _exec_module(other_rendering)["ModelNew"]()(torch.randn(4, 100))
+
+
+@pytest.mark.parametrize("starter", [s for s in TRITON_STARTERS if "MASKED_CONSTEXPRS" in s.source],
+                         ids=lambda s: s.name)
+def test_masked_constexprs_may_be_larger_than_the_launch_asks(starter, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("interpreter check")
+    module = _import_file(starter.source, tmp_path)
+    kernel = next(v for k, v in vars(module).items() if k.endswith("_kernel"))  # the starters' naming
+    doubled = {name: 2 for name in module.MASKED_CONSTEXPRS}
+
+    def launch(self, grid, args, constexprs):
+        constexprs = {k: v * doubled.get(k, 1) for k, v in constexprs.items()}
+        kernel[grid](*args, **constexprs, num_warps=module.NUM_WARPS)
+
+    module.ModelNew.launch = launch
+    target = load_target(starter.target)
+    _check_against_reference(target, module, target.shapes(small=True))
 
 
 def test_ptx_candidate_from_triton_rejects_sources_without_the_launch_convention(softmax_ptx):
     with pytest.raises(ValueError, match="launch"):
         ptx_edits.ptx_candidate_from_triton("class ModelNew:\n    def forward(self, x):\n        return x\n",
-                                            softmax_ptx["ptx"], softmax_ptx["entry"], 16, 0)
+                                            softmax_ptx)
+    with pytest.raises(ValueError, match="distinct entry names"):
+        ptx_edits.ptx_candidate_from_triton("", [softmax_ptx[0], softmax_ptx[0]])
     with pytest.raises(ValueError, match="no .entry"):
-        ptx_edits.ptx_candidate_from_triton("", softmax_ptx["ptx"], "missing", 16, 0)
+        ptx_edits.ptx_candidate_from_triton("", [dataclasses.replace(softmax_ptx[0], entry="missing")])
 
 
 @pytest.mark.gpu
@@ -266,15 +315,29 @@ def test_starter_matches_reference_on_gpu_at_every_shape(starter, tmp_path):
 
 @pytest.mark.gpu
 def test_ptx_candidate_from_triton_matches_reference_on_gpu(softmax_ptx):
-    starter = next(s for s in ALL_STARTERS if s.name == "softmax/triton_row")
-    source = ptx_edits.ptx_candidate_from_triton(starter.source, softmax_ptx["ptx"], softmax_ptx["entry"],
-                                                 softmax_ptx["num_warps"], softmax_ptx["shared_bytes"])
-    namespace = _exec_module(source)
+    namespace = _exec_module(_softmax_candidate(softmax_ptx))
 
     class Module:
         ModelNew = namespace["ModelNew"]
 
     target = load_target("softmax")
-    # The PTX was compiled for the small shape's BLOCK_COLS (1024): check the shapes whose rows fit in it.
-    shapes = [shape for shape in target.shapes(small=True) if shape["COLS"] <= 1024]
-    _check_against_reference(target, Module, shapes, device="cuda")
+    # Compiled at the small main shape (BLOCK_COLS 1024): rows up to 1024 run, longer ones are refused, not wrong.
+    shapes = target.shapes(small=True)
+    _check_against_reference(target, Module, [s for s in shapes if s["COLS"] <= 1024], device="cuda")
+    with target.overrides(next(s for s in shapes if s["COLS"] > 1024)), pytest.raises(RuntimeError, match="fits"):
+        Module.ModelNew()(target.module.get_inputs()[0].cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["vector_add/triton_block", "row_sum/triton_row", "matmul_bf16/triton_grouped"])
+def test_ptx_candidate_compiled_at_the_main_shape_matches_at_every_shape_on_gpu(name):
+    """Specialized PTX at the main shape, generic PTX at the odd hidden variants (e.g. N = 2**20 + 3)."""
+    starter = next(s for s in ALL_STARTERS if s.name == name)
+    namespace = _exec_module(ptx_edits.ptx_candidate_from_triton(
+        starter.source, ptx_edits.compile_for_target(starter.source, starter.target)))
+
+    class Module:
+        ModelNew = namespace["ModelNew"]
+
+    target = load_target(starter.target)
+    _check_against_reference(target, Module, target.shapes(small=False), device="cuda")

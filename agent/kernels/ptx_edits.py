@@ -1,11 +1,20 @@
 """PTX-level edits for the offline policy: cache-hint variants of compiled PTX, a Triton starter's kernel compiled to
 PTX without a GPU, and a PTX candidate module that launches such PTX the way the Triton starter launched its kernel
-(see the launch convention in agent/kernels/catalog.py)."""
+(see the launch convention in agent/kernels/catalog.py).
+
+Like Triton's own launcher, a generated PTX candidate carries two compilations of the kernel: one specialized the way
+the launcher specializes the main shape's launch (16-byte-aligned pointers, integers that are multiples of 16 or equal
+to 1), and a generic one that assumes nothing about the arguments. At each launch it takes the first whose assumptions
+the arguments meet (cheap checks: data_ptr() % 16, n % 16, n == 1) and raises for a launch neither was compiled for."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
+import json
+import os
 import re
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -49,15 +58,21 @@ def entry_param_bytes(ptx: str, entry: str) -> list[int]:
 
 @dataclass
 class TritonPtx:
+    """One compilation of a Triton starter's kernel, and the launches it is valid for."""
     ptx: str
     entry: str
     num_warps: int
     num_stages: int
     shared_bytes: int
+    constexprs: dict          # the launch's constexpr arguments it was compiled with
+    ones: list[int]           # runtime-argument indices compiled as the constant 1 (they are not PTX parameters)
+    divisible: list[int]      # integer runtime-argument indices assumed to be multiples of 16
+    aligned: bool             # every pointer argument assumed 16-byte aligned
 
 
 _TRITON_TYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16",
                  "torch.int32": "i32", "torch.int64": "i64", "torch.int8": "i8", "torch.uint8": "u8"}
+GENERIC_SUFFIX = "_generic"   # the generic compilation's entry name: a module's entries must differ
 
 
 def _import_source(source: str):
@@ -76,26 +91,37 @@ def _import_source(source: str):
     return module
 
 
-def compile_triton_starter(source: str, init_inputs: list, inputs: list, arch: int = 90,
-                           ptx_version: int = 90, specialize_divisibility: bool = False) -> TritonPtx:
+def _ptx_version(arch: int, max_ptx_version: int) -> int | None:
+    """The PTX ISA version to emit: Triton's default for its own ptxas (which assembles the PTX inside
+    triton.compile: CUDA 12.8 in Triton 3.6, 13.x in 3.9), capped at what kloop's ptxas reads."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas, ptx_get_version
+        return min(max_ptx_version, ptx_get_version(get_ptxas(arch).version))
+    except (ImportError, AttributeError, TypeError, ValueError, RuntimeError, OSError) as e:  # keep its default
+        print(f"kloop: cannot read Triton's ptxas version ({e}); using Triton's default PTX version", file=sys.stderr)
+        return None
+
+
+def compile_triton_starter(source: str, init_inputs: list, inputs: list, specialize: bool, arch: int = 90,
+                           max_ptx_version: int = 90) -> TritonPtx:
     """Compile a Triton starter's kernel to PTX for sm_`arch` with no GPU, for the launch its forward would make.
 
-    forward runs on the given (CPU) inputs with the launch intercepted, so only its allocations execute. Pointers
-    are assumed 16-byte aligned, as fresh torch allocations are. By default integer arguments are not specialized
-    on divisibility by 16, so the PTX stays valid for every size; `specialize_divisibility=True` does what Triton's
-    launcher does (faster code, e.g. pipelined cp.async in matmuls) but the PTX is then wrong for sizes that are
-    not multiples of 16 where these were. `ptx_version` 90 is the newest PTX ISA ptxas 13.0 reads.
+    forward runs on the given (CPU) inputs with the launch intercepted, so only its allocations execute.
+    `specialize=True` does what Triton's launcher does for this launch: pointers 16-byte aligned, integers equal to 1
+    become constants, multiples of 16 are marked divisible (faster code, e.g. vector loads); `specialize=False`
+    assumes nothing, so the PTX is valid for every argument value (its entry gets GENERIC_SUFFIX).
+    `max_ptx_version` 90 is the newest PTX ISA ptxas 13.0 reads. Works with Triton 3.6 through 3.9.
     """
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
     from triton.runtime.jit import JITFunction
 
     if triton.knobs.runtime.interpret:
         # The interpreter has replaced triton.language's own jit functions (tl.max, tl.sum, ...) in this process.
-        raise RuntimeError("compile_triton_starter cannot run with TRITON_INTERPRET=1; use a process without it")
+        raise RuntimeError("compile_triton_starter cannot run with TRITON_INTERPRET=1; use compile_for_target, "
+                           "which compiles in a process without it")
     module = _import_source(source)
     kernels = [v for v in vars(module).values() if isinstance(v, JITFunction)]
     if len(kernels) != 1:
@@ -110,51 +136,121 @@ def compile_triton_starter(source: str, init_inputs: list, inputs: list, arch: i
         raise ValueError(f"ModelNew.forward must call self.launch once, called it {len(launches)} times")
     _, args, constexprs = launches[0]
 
-    signature, constants, attrs = {}, dict(constexprs), {}
     runtime_names = [p.name for p in kernel.params if not p.is_constexpr]
     if len(runtime_names) != len(args):
         raise ValueError(f"{kernel.__name__} takes {len(runtime_names)} runtime arguments, launch passed {len(args)}")
+    signature, constants, attrs, ones, divisible = {}, dict(constexprs), {}, [], []
     for index, param in enumerate(kernel.params):
         if param.is_constexpr:
             signature[param.name] = "constexpr"
             continue
-        value = args[runtime_names.index(param.name)]
+        arg_index = runtime_names.index(param.name)
+        value = args[arg_index]
         if isinstance(value, torch.Tensor):
             signature[param.name] = "*" + _TRITON_TYPES[str(value.dtype)]
-            attrs[(index,)] = [["tt.divisibility", 16]]
+            if specialize:
+                attrs[(index,)] = [["tt.divisibility", 16]]
         elif isinstance(value, bool):
             signature[param.name] = "i1"
         elif isinstance(value, int):
-            if value == 1:  # as Triton's launcher does: 1 becomes a constant and leaves the parameter list
+            if specialize and value == 1:  # Triton's launcher makes it a constant, out of the parameter list
                 signature[param.name] = "constexpr"
                 constants[param.name] = 1
-            else:
-                signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
-                if specialize_divisibility and value % 16 == 0:
-                    attrs[(index,)] = [["tt.divisibility", 16]]
+                ones.append(arg_index)
+                continue
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if specialize and value % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+                divisible.append(arg_index)
         elif isinstance(value, float):
             signature[param.name] = "fp32"
         else:
             raise ValueError(f"argument {param.name} has unsupported type {type(value).__name__}")
     num_warps = int(getattr(module, "NUM_WARPS", 4))
     num_stages = int(getattr(module, "NUM_STAGES", 3))
-    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs),
-                              target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages, "ptx_version": ptx_version})
-    return TritonPtx(compiled.asm["ptx"], compiled.metadata.name, num_warps, num_stages, compiled.metadata.shared)
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    ptx_version = _ptx_version(arch, max_ptx_version)
+    if ptx_version is not None:
+        options["ptx_version"] = ptx_version
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                              options=options)
+    ptx, entry = compiled.asm["ptx"], compiled.metadata.name
+    for scratch in ("global_scratch_size", "profile_scratch_size"):
+        if getattr(compiled.metadata, scratch, 0):  # the PTX candidate passes NULL for Triton's scratch pointers
+            raise ValueError(f"{entry} needs Triton {scratch.replace('_', ' ')} {getattr(compiled.metadata, scratch)}"
+                             " bytes, which a PTX candidate does not allocate")
+    if not specialize:
+        ptx = re.sub(r"\b" + re.escape(entry) + r"\b", entry + GENERIC_SUFFIX, ptx)
+        entry += GENERIC_SUFFIX
+    return TritonPtx(ptx, entry, num_warps, num_stages, int(compiled.metadata.shared), dict(constexprs), ones,
+                     divisible, specialize)
 
 
-_PTX_LAUNCH = '''
+def compile_for_target(source: str, target: str, small: bool = False, timeout_s: float = 300) -> list[TritonPtx]:
+    """The Triton starter `source` compiled for the main shape of `target` (a load_target spec): the specialized
+    compilation, then the generic one. Runs in a fresh process without TRITON_INTERPRET (no GPU needed);
+    `small` uses the target's CPU-sized main shape."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    command = [sys.executable, "-m", "agent.kernels.ptx_edits", target] + (["--small"] if small else [])
+    try:
+        done = subprocess.run(command, input=source, capture_output=True, text=True, env=env, cwd=repo,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"compiling the Triton starter to PTX took over {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling the Triton starter to PTX failed:\n{done.stderr[-4000:]}")
+    return [TritonPtx(**fields) for fields in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+def _compile_main(target_spec: str, small: bool) -> None:
+    from tools.target import load_target
+
+    source = sys.stdin.read()
+    target = load_target(target_spec)
+    with target.overrides(target.shapes(small=small)[0]):
+        init_inputs, inputs = target.module.get_init_inputs(), target.module.get_inputs()
+        compiled = [compile_triton_starter(source, init_inputs, inputs, specialize=s) for s in (True, False)]
+    print(json.dumps([dataclasses.asdict(c) for c in compiled]))
+
+
+_PTX_LAUNCH = """
 def launch(self, grid, args, constexprs):
-    # Triton turns integer arguments equal to 1 into constants and appends two scratch pointers (global, profile).
-    params = [a for a in args if not (type(a) is int and a == 1)]
-    if len(params) + 2 != len(PTX_PARAM_BYTES):
-        raise RuntimeError(f"{PTX_ENTRY} takes {len(PTX_PARAM_BYTES) - 2} kernel arguments, the launch passes "
-                           f"{len(params)}: the PTX was compiled for another specialization")
-    values = [np.int64(a) if type(a) is int and size == 8 else a for a, size in zip(params, PTX_PARAM_BYTES)]
-    grid = tuple(grid) + (1,) * (3 - len(grid))
-    self.ptx_kernel.launch(grid, (PTX_THREADS, 1, 1), values + [None, None], shared_mem=PTX_SHARED_BYTES)
-'''
+    # Triton appends two scratch pointers (global, profile) to its kernels' parameters: they go as NULL.
+    for variant, kernel in zip(PTX_VARIANTS, self.ptx_kernels):
+        if ptx_variant_fits(variant, kernel, args, constexprs):
+            params = [a for i, a in enumerate(args) if i not in variant['ones']]
+            sizes = PTX_PARAM_BYTES[variant['entry']]
+            values = [np.int64(a) if type(a) is int and size == 8 else a for a, size in zip(params, sizes)]
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+            kernel.launch(grid, (32 * variant['num_warps'], 1, 1), values + [None, None],
+                          shared_mem=variant['shared_bytes'])
+            return
+    raise RuntimeError(f"no compiled PTX fits this launch (constexprs {constexprs}); it has "
+                       f"{[v['constexprs'] for v in PTX_VARIANTS]}")
+"""
+
+_PTX_FITS = """
+def ptx_variant_fits(variant, kernel, args, constexprs):
+    # A masked constexpr (e.g. BLOCK_COLS) compiled larger than the launch asks for still computes the right thing.
+    compiled = variant['constexprs']
+    if set(compiled) != set(constexprs):
+        return False
+    for name, value in constexprs.items():
+        if compiled[name] != value and not (name in PTX_MASKED_CONSTEXPRS and compiled[name] > value):
+            return False
+    if variant['aligned'] and any(isinstance(a, torch.Tensor) and a.data_ptr() % 16 for a in args):
+        return False
+    if any(not (type(args[i]) is int and args[i] == 1) for i in variant['ones']):
+        return False
+    if any(args[i] % 16 for i in variant['divisible']):
+        return False
+    params = [a for i, a in enumerate(args) if i not in variant['ones']]
+    sizes = PTX_PARAM_BYTES[variant['entry']]
+    return len(params) + 2 == len(sizes) and all(
+        not (type(a) is int and size == 4 and not -2**31 <= a < 2**31) for a, size in zip(params, sizes))
+"""
 
 
 def _is_triton_import(node: ast.stmt) -> bool:
@@ -167,11 +263,25 @@ def _is_jit(node: ast.stmt) -> bool:
     return isinstance(node, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in node.decorator_list)
 
 
-def ptx_candidate_from_triton(triton_source: str, ptx: str, entry: str, num_warps: int, shared_bytes: int) -> str:
-    """Source of a PTX candidate that runs `ptx` (the compiled kernel of the Triton starter `triton_source`) with the
-    starter's own forward: same allocations, grid and arguments, 32 * num_warps threads, `shared_bytes` of dynamic
-    shared memory. The starter must follow the launch convention in agent/kernels/catalog.py."""
-    param_bytes = entry_param_bytes(ptx, entry)
+def _masked_constexprs(tree: ast.Module) -> tuple:
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "MASKED_CONSTEXPRS"):
+            return tuple(ast.literal_eval(node.value))
+    return ()
+
+
+def ptx_candidate_from_triton(triton_source: str, compiled: list[TritonPtx]) -> str:
+    """Source of a PTX candidate that runs the compiled kernels of the Triton starter `triton_source` with the
+    starter's own forward (same allocations, grid and arguments). At each launch it takes the first of `compiled`
+    whose assumptions the arguments meet (so: specialized first, generic last) and raises if none does. The starter
+    must follow the launch convention in agent/kernels/catalog.py."""
+    if not compiled:
+        raise ValueError("no compiled PTX given")
+    entries = [c.entry for c in compiled]
+    if len(set(entries)) != len(entries):
+        raise ValueError(f"the compiled PTX texts must have distinct entry names, got {entries}")
+    param_bytes = {c.entry: entry_param_bytes(c.ptx, c.entry) for c in compiled}
     tree = ast.parse(triton_source)
     body = [node for node in tree.body if not _is_triton_import(node) and not _is_jit(node)]
     model = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
@@ -181,7 +291,8 @@ def ptx_candidate_from_triton(triton_source: str, ptx: str, entry: str, num_warp
     if "launch" not in methods:
         raise ValueError("ModelNew has no launch(self, grid, args, constexprs) method (see agent/kernels/catalog.py)")
     model.body[model.body.index(methods["launch"])] = ast.parse(_PTX_LAUNCH).body[0]
-    build = ast.parse("self.ptx_kernel = PtxKernel(PTX, PTX_ENTRY)").body[0]
+    build = ast.parse("self.ptx_kernels = [PtxKernel(text, v['entry']) for text, v in zip(PTX_TEXTS, PTX_VARIANTS)]"
+                      ).body[0]
     if "__init__" in methods:
         methods["__init__"].body.append(build)
     else:
@@ -189,14 +300,21 @@ def ptx_candidate_from_triton(triton_source: str, ptx: str, entry: str, num_warp
         init.body.append(build)
         model.body.insert(0, init)
 
+    variants = [{"entry": c.entry, "num_warps": c.num_warps, "shared_bytes": c.shared_bytes,
+                 "constexprs": c.constexprs, "ones": c.ones, "divisible": c.divisible, "aligned": c.aligned}
+                for c in compiled]
     header = ast.parse(
         "import numpy as np\nfrom tools.launch import PtxKernel\n"
-        f"PTX_ENTRY = {entry!r}\nPTX_PARAM_BYTES = {param_bytes!r}\nPTX_THREADS = {32 * num_warps}\n"
-        f"PTX_SHARED_BYTES = {int(shared_bytes)}\nPTX = None\n").body
-    header[-1].value = ast.Constant(ptx)
-    tree.body = header + body
+        f"PTX_VARIANTS = {variants!r}\nPTX_PARAM_BYTES = {param_bytes!r}\n"
+        f"PTX_MASKED_CONSTEXPRS = {_masked_constexprs(tree)!r}\nPTX_TEXTS = None\n").body
+    header[-1].value = ast.List([ast.Constant(c.ptx) for c in compiled], ast.Load())
+    tree.body = header + body + ast.parse(_PTX_FITS).body
     leftover = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in ("triton", "tl")})
     if leftover:
         raise ValueError(f"the Triton source uses {', '.join(leftover)} outside its kernel; forward must not")
     source = ast.unparse(ast.fix_missing_locations(tree))
-    return f'"""PTX candidate generated from a Triton starter\'s compiled kernel {entry}."""\n' + source + "\n"
+    return f'"""PTX candidate generated from a Triton starter\'s compiled kernel {entries[0]}."""\n' + source + "\n"
+
+
+if __name__ == "__main__":  # python -m agent.kernels.ptx_edits TARGET [--small] < starter.py (see compile_for_target)
+    _compile_main(sys.argv[1], "--small" in sys.argv[2:])

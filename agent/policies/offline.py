@@ -3,13 +3,15 @@
 Order of moves, all deterministic given the run: (1) every catalog starter for the target (branch b starts at the
 b-th); (2) around the best attempt so far (then the next best, then any earlier attempt): one tunable one step up or
 down its list, the step chosen from the reflect node's diagnosis, then two steps; PTX edits of a Triton attempt's PTX
-(cache hints) come first when the kernel is memory-bound below 80% of bandwidth. A source already tried (by hash) is
-never proposed again. Each candidate's first line records its starter and values, so the search can resume from any
-attempt in the database.
+(cache hints) come between the two when the kernel is memory-bound below 80% of bandwidth, last otherwise; they compile the attempt's Triton
+source for the target's main shape in a subprocess (once per source; specialized and generic PTX, see
+agent/kernels/ptx_edits.py). A source already tried (by hash) is never proposed again. Each candidate's first line
+records its starter and values, so the search can resume from any attempt in the database.
 """
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass
@@ -70,6 +72,8 @@ class OfflinePolicy:
         if not self.templates:
             raise PolicyError(NO_STARTERS)
         self.by_name = {t.name: t for t in self.templates}
+        self.target = target
+        self.compiled: dict[str, list] = {}   # Triton source hash -> its PTX compilations ([] when compiling failed)
         self.store = store
         self.claimed: set[str] = set()   # proposed by this process but maybe not yet committed (parallel branches)
         self.lock = threading.Lock()
@@ -103,54 +107,74 @@ class OfflinePolicy:
         for anchor in anchors(ctx):
             facts = diagnose(anchor.result)[1] if anchor.result else {}
             about = describe(anchor)
-            ptx_moves = list(self.ptx_moves(anchor, about)) if "ptx" in allowed else []
+            ptx_moves = self.ptx_moves(anchor, about) if "ptx" in allowed else iter(())
+            # One-step tuning first: a better neighbour becomes the next anchor, so cache hints are tried on a
+            # local optimum. Memory-bound kernels with room get them before the two-step moves, others after.
+            yield from self.tuning_moves(anchor, facts, about, allowed, step=1)
             if facts.get("memory_room"):
                 yield from ptx_moves
-            yield from self.tuning_moves(anchor, facts, about, allowed)
+            yield from self.tuning_moves(anchor, facts, about, allowed, step=2)
             if not facts.get("memory_room"):
                 yield from ptx_moves
 
-    def tuning_moves(self, anchor: AttemptView, facts: dict, about: str, allowed: set) -> Iterator[Move]:
+    def tuning_moves(self, anchor: AttemptView, facts: dict, about: str, allowed: set, step: int) -> Iterator[Move]:
+        """One tunable `step` places up or down its list, in the order the diagnosis prefers."""
         marker = read_marker(anchor.source)
         template = self.by_name.get(marker.get("template")) if marker else None
         if template is None or template.language not in allowed or "ptx_edit" in marker:
             return
         values = marker["values"]
-        for step in (1, 2):
-            for kind, direction, why in preferences(facts):
-                for name, options in template.tunables.items():
-                    if tunable_kind(name) != kind or values.get(name) not in options:
-                        continue
-                    i = options.index(values[name]) + direction * step
-                    if 0 <= i < len(options):
-                        new = {**values, name: options[i]}
-                        yield Move(template.render(new), template.language,
-                                   f"{about} Next: {name} {values[name]} -> {options[i]}, {why}.")
+        for kind, direction, why in preferences(facts):
+            for name, options in template.tunables.items():
+                if tunable_kind(name) != kind or values.get(name) not in options:
+                    continue
+                i = options.index(values[name]) + direction * step
+                if 0 <= i < len(options):
+                    new = {**values, name: options[i]}
+                    yield Move(template.render(new), template.language,
+                               f"{about} Next: {name} {values[name]} -> {options[i]}, {why}.")
 
     def ptx_moves(self, anchor: AttemptView, about: str) -> Iterator[Move]:
-        """The anchor's own Triton PTX as a PTX candidate, then its cache-hint variants."""
-        ptx_by_kernel = (anchor.result or {}).get("ptx") or {}
+        """The anchor's kernel as a PTX candidate (specialized + generic PTX, compiled here for the main shape), then
+        its cache-hint variants. Only for a correct catalog Triton attempt that a GPU run compiled to PTX."""
         marker = read_marker(anchor.source)
-        if anchor.language != "triton" or not ptx_by_kernel or not marker or len(ptx_by_kernel) != 1:
+        if (anchor.language != "triton" or anchor.verdict != "correct" or not marker or "ptx_edit" in marker
+                or marker.get("template") not in self.by_name or self.target is None
+                or len((anchor.result or {}).get("ptx") or {}) != 1):
             return
         from agent.kernels import ptx_edits
-        entry, ptx = next(iter(ptx_by_kernel.items()))
-        resources = next((r for r in anchor.result.get("resources") or [] if r.get("kernel") == entry), {})
-        warps, shared = resources.get("num_warps") or 4, resources.get("shared_bytes") or 0
+        compiled = self.ptx_compilations(anchor.source)
+        if not compiled:
+            return
 
-        def as_candidate(edit: str, text: str) -> str:
-            body = ptx_edits.ptx_candidate_from_triton(anchor.source, text, entry, warps, shared)
+        def as_candidate(edit: str, variants: list) -> str:
+            body = ptx_edits.ptx_candidate_from_triton(anchor.source, variants)
             return MARK + json.dumps({**marker, "ptx_edit": edit}, sort_keys=True) + "\n" + body
 
         try:
-            yield Move(as_candidate("none", ptx), "ptx",
+            yield Move(as_candidate("none", compiled), "ptx",
                        f"{about} Next: launch its own PTX directly (no Triton launcher), to edit it from here.")
-            for edit, text in sorted(ptx_edits.cache_hint_variants(ptx).items()):
-                yield Move(as_candidate(edit, text), "ptx",
+            edits = sorted({edit for c in compiled for edit in ptx_edits.cache_hint_variants(c.ptx)})
+            for edit in edits:
+                edited = [dataclasses.replace(c, ptx=ptx_edits.cache_hint_variants(c.ptx).get(edit, c.ptx))
+                          for c in compiled]
+                yield Move(as_candidate(edit, edited), "ptx",
                            f"{about} Next: PTX edit {edit} on its loads/stores, since streamed data should not "
                            f"displace reused lines in L2.")
         except ValueError:  # a kernel that does not follow the catalog's launch convention has no PTX twin
             return
+
+    def ptx_compilations(self, source: str) -> list:
+        """The Triton source compiled to PTX for the target's main shape (cached; [] if it does not compile)."""
+        from agent.kernels import ptx_edits
+        key = source_hash(source)
+        if key not in self.compiled:
+            try:
+                spec = self.target.name if self.target.builtin else str(self.target.path)
+                self.compiled[key] = ptx_edits.compile_for_target(source, spec)
+            except (RuntimeError, ValueError):
+                self.compiled[key] = []
+        return self.compiled[key]
 
 
 def anchors(ctx: ProposeContext) -> list[AttemptView]:

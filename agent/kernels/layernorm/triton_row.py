@@ -3,25 +3,28 @@ import torch
 import triton
 import triton.language as tl
 
-NUM_WARPS = 16
+NUM_WARPS = 8           # ~80 registers at 8192 columns: 3 programs (96 KiB of loads) in flight per SM
 ROWS_PER_PROGRAM = 1
+# Masked against n_cols: PTX compiled with a larger BLOCK_COLS computes the same (see ptx_edits).
+MASKED_CONSTEXPRS = ("BLOCK_COLS",)
 
 
 @triton.jit
 def layernorm_row_kernel(x_ptr, weight_ptr, bias_ptr, out_ptr, n_rows, n_cols, eps,
                          BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr):
     cols = tl.arange(0, BLOCK_COLS)
-    col_mask = cols < n_cols
-    weight = tl.load(weight_ptr + cols, mask=col_mask, other=0.0)
-    bias = tl.load(bias_ptr + cols, mask=col_mask, other=0.0)
+    mask = cols < n_cols
     for i in tl.static_range(ROWS_PER_PROGRAM):
         # The last program may run past the end: it redoes the last row, storing the same values again.
         row = tl.minimum(tl.program_id(0) * ROWS_PER_PROGRAM + i, n_rows - 1)
-        mask = col_mask
-        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         mean = tl.sum(x, axis=0) / n_cols
         centered = tl.where(mask, x - mean, 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / n_cols + eps)
+        # weight and bias are loaded only now (L2 hits after the first rows), so they hold no registers during the
+        # reductions: fewer registers, more programs per SM.
+        weight = tl.load(weight_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+        bias = tl.load(bias_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last")
         tl.store(out_ptr + row * n_cols + cols, centered * rstd * weight + bias, mask=mask)
 
 

@@ -17,7 +17,7 @@ WARPS = THREADS // 32
 def _loop(label, width, count):
     """A loop over `count` items of `width` floats (4: v4 loads, 1: scalar loads) strided by THREADS."""
     step = THREADS * UNROLL
-    lines = [f"    mov.u32 %i, %thr;", f"{label}_LOOP:", f"    setp.ge.u32 %done, %i, {count};",
+    lines = ["    mov.u32 %i, %thr;", f"{label}_LOOP:", f"    setp.ge.u32 %done, %i, {count};",
              f"    @%done bra {label}_END;"]
     for u in range(UNROLL):
         lines += [f"    add.u32 %j, %i, {u * THREADS};", f"    setp.lt.u32 %p{u}, %j, {count};",

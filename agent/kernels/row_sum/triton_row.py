@@ -1,21 +1,26 @@
-"""row_sum in Triton: each program loads whole rows into registers and reduces them."""
+"""row_sum in Triton: each program loads a ROWS_PER_PROGRAM x BLOCK_COLS tile (whole rows) at once and reduces it.
+
+Few warps per row: each thread keeps many 16-byte loads in flight and the cross-warp part of the reduction (shared
+memory and a barrier) stays small; the output write is tiny."""
 import torch
 import triton
 import triton.language as tl
 
-NUM_WARPS = 16
-ROWS_PER_PROGRAM = 1
+NUM_WARPS = 4           # 8192 fp32 columns over 128 threads: 64 values (16 vector loads) per thread
+ROWS_PER_PROGRAM = 1    # a power of two; >1 keeps more bytes in flight per program when rows are short
+# Masked against n_cols: PTX compiled with a larger BLOCK_COLS computes the same (see ptx_edits).
+MASKED_CONSTEXPRS = ("BLOCK_COLS",)
 
 
 @triton.jit
 def row_sum_row_kernel(x_ptr, out_ptr, n_rows, n_cols,
                        BLOCK_COLS: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr):
+    rows = tl.program_id(0) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     cols = tl.arange(0, BLOCK_COLS)
-    for i in tl.static_range(ROWS_PER_PROGRAM):
-        # The last program may run past the end: it redoes the last row, storing the same values again.
-        row = tl.minimum(tl.program_id(0) * ROWS_PER_PROGRAM + i, n_rows - 1)
-        x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0)
-        tl.store(out_ptr + row, tl.sum(x, axis=0))
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    # Read once, never reused: evict_first keeps it from displacing other lines in L2.
+    x = tl.load(x_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    tl.store(out_ptr + rows, tl.sum(x, axis=1), mask=rows < n_rows)
 
 
 class ModelNew(torch.nn.Module):

@@ -5,6 +5,8 @@ import triton.language as tl
 
 NUM_WARPS = 16          # 8192 fp32 columns over 512 threads: 16 values per thread
 ROWS_PER_PROGRAM = 1    # >1 amortizes launch/scheduling cost when rows are short
+# Masked against n_cols: PTX compiled with a larger BLOCK_COLS computes the same (see ptx_edits).
+MASKED_CONSTEXPRS = ("BLOCK_COLS",)
 
 
 @triton.jit
