@@ -5,10 +5,13 @@ import torch
 
 
 def pin_numeric_flags() -> dict:
-    """Full-precision fp32 matmuls and convolutions everywhere (no TF32), deterministic algorithm choice off."""
+    """Full-precision fp32 matmuls and convolutions (no TF32), and fp32 accumulation of split-K fp16/bf16 matmul
+    reductions: with PyTorch's default, cuBLAS may add partial sums in bf16 and miss a correct kernel by many ulps."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     return numeric_flags()
 
 
