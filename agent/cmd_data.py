@@ -24,7 +24,7 @@ def export_command(
     turns: str = typer.Option("all", help="trl/openai: whole trajectories (all) or one example per submission (last)"),
     min_speedup: Optional[float] = typer.Option(None, help="keep kernels at least this much faster than eager"),
     language: Optional[str] = typer.Option(None, help="keep only triton or ptx kernels"),
-    include_rejected: bool = typer.Option(False, "--include-rejected", help="keep trajectories that contain a rejected attempt"),
+    include_rejected: bool = typer.Option(False, "--include-rejected", help="keep trajectories that contain a rejected (rule-breaking) attempt; format errors never taint one"),
     all_verdicts: bool = typer.Option(False, "--all-verdicts", help="keep incorrect and failed submissions too (RL data)"),
     run: List[str] = typer.Option([], "--run", help="export only these run ids (repeatable)"),
 ) -> None:

@@ -35,6 +35,10 @@ def optimize_command(
     model: Optional[str] = typer.Option(None, help="Model id for the anthropic/openai policies."),
     base_url: Optional[str] = typer.Option(None, help="API base URL for the anthropic/openai policies."),
     from_run: Optional[str] = typer.Option(None, "--from", help="replay policy: the run whose proposals to replay."),
+    thinking: Optional[str] = typer.Option(None, help="anthropic policy: extended thinking, 'adaptive' (default), 'off' or a token budget."),
+    effort: Optional[str] = typer.Option(None, help="anthropic policy: output effort (e.g. low, medium, high; default: the model's)."),
+    max_retries: Optional[int] = typer.Option(None, min=0, help="anthropic/openai policies: SDK retries (with backoff) per model call."),
+    tools: bool = typer.Option(True, "--tools/--no-tools", help="openai policy: --no-tools for servers without function calling (fenced code answers)."),
 ) -> None:
     """Optimize one target's kernel: write, assemble, verify, profile, reflect, log; repeat until a stop rule."""
     from tools.store import StoreError, open_db
@@ -48,12 +52,18 @@ def optimize_command(
         fail(f"no seed kernel file {seed_kernel}")
     if policy == "replay" and not from_run:
         fail("the replay policy needs --from RUN_ID")
+    if policy != "anthropic" and (thinking is not None or effort is not None):
+        fail("--thinking and --effort are settings of --policy anthropic")
+    if policy not in ("anthropic", "openai") and max_retries is not None:
+        fail("--max-retries is a setting of --policy anthropic or openai")
+    if policy != "openai" and not tools:
+        fail("--no-tools is a setting of --policy openai")
     settings = {
         "target": target if not Path(target).is_file() else str(Path(target).resolve()), "language": language,
         "max_attempts": max_attempts, "hours": hours, "branches": branches, "target_sol": target_sol,
         "patience": patience, "max_cost_usd": max_cost, "max_tokens": max_tokens,
         "seed_kernel": str(seed_kernel.resolve()) if seed_kernel else None, "model": model, "base_url": base_url,
-        "from_run": from_run,
+        "from_run": from_run, "thinking": thinking, "effort": effort, "max_retries": max_retries, "tools": tools,
     }
     tgt = _load_target(target)
     try:
@@ -61,9 +71,12 @@ def optimize_command(
     except StoreError as e:
         fail(str(e))
     policy_obj = _make_policy(policy, settings, tgt, store)
+    settings["model"] = policy_obj.model or None  # pinned: a resumed run keeps its model if the default changes
+    gpu = _gpu_info()
     run_id = store.create_run(target_name=tgt.name, target_source=tgt.source, target_sha256=tgt.sha256,
                               policy=policy, model=policy_obj.model, settings=settings,
-                              parent_run_id=from_run, parent_kind="replay-policy" if from_run else None)
+                              parent_run_id=from_run, parent_kind="replay-policy" if from_run else None,
+                              **_gpu_columns(gpu))
     console.print(f"run [bold]{run_id}[/] in {db}: {tgt.name} with the {policy} policy "
                   f"(resume with `kloop resume {run_id} --db {db}`)", highlight=False)
     _run(store, run_id, settings, tgt, policy_obj)
@@ -104,7 +117,7 @@ def runs_command(
         table.add_column(column)
     for path in db:
         try:
-            store = open_db(path, create=False)
+            store = open_db(path, create=False, readonly=True)
         except StoreError as e:
             fail(str(e))
         for run in store.list_runs():
@@ -124,7 +137,7 @@ def show_command(
     from tools.store import StoreError, open_db
 
     try:
-        store = open_db(db, create=False)
+        store = open_db(db, create=False, readonly=True)
         run = store.get_run(run_id)
     except StoreError as e:
         fail(str(e))
@@ -157,7 +170,7 @@ def _load_target(spec: str):
 
 
 def _make_policy(name: str, settings: dict, tgt, store):
-    from agent.policies import make_policy
+    from agent.policies import make_policy, model_policy_settings
     from agent.policy import PolicyError
 
     if name == "offline":
@@ -165,7 +178,7 @@ def _make_policy(name: str, settings: dict, tgt, store):
     elif name == "replay":
         kwargs = {"store": store, "source_run_id": settings["from_run"]}
     else:
-        kwargs = {k: settings[k] for k in ("model", "base_url") if settings.get(k)}
+        kwargs = model_policy_settings(name, settings)
     try:
         return make_policy(name, **kwargs)
     except PolicyError as e:
@@ -173,24 +186,21 @@ def _make_policy(name: str, settings: dict, tgt, store):
 
 
 def _run(store, run_id: str, settings: dict, tgt, policy) -> None:
-    from agent.graph import Loop, LoopSettings, run_loop
     from agent.policy import PolicyError
-    from tools.evaluate import EvalSettings, Evaluation
     from tools.store import StoreError
     from tools.target import TargetError
 
-    eval_settings = EvalSettings()  # a fresh secret seed per session; it is never stored
-    loop = Loop(store=store, run_id=run_id, policy=policy,
-                evaluation=lambda source, language: Evaluation(tgt, source, eval_settings),
-                settings=LoopSettings(**{k: settings[k] for k in (
-                    "max_attempts", "hours", "branches", "target_sol", "patience", "max_cost_usd", "max_tokens",
-                    "language")}),
-                target_name=tgt.name, target_source=shown_source(tgt.source))
+    run = store.get_run(run_id)
+    gpu = run.get("gpu")
+    if gpu is None:  # a run made before runs.gpu existed, or one started without a GPU: this machine's facts
+        gpu = _gpu_info()
+        if gpu is not None:
+            store.update_run(run_id, **_gpu_columns(gpu))
     progress = ProgressView(settings["max_attempts"])
     try:
         with console.status("starting", spinner="dots") as status:
             progress.status = status
-            run_loop(loop, Path(f"{store.path}.checkpoints"), progress)
+            run_graph(store, run_id, settings, tgt, policy, gpu, progress)
     except KeyboardInterrupt:
         console.print(f"stopped; continue with `kloop resume {run_id} --db {store.path}`", highlight=False)
         raise typer.Exit(130)
@@ -199,6 +209,26 @@ def _run(store, run_id: str, settings: dict, tgt, policy) -> None:
     run = store.get_run(run_id)
     console.print(f"run {run_id} finished: {run['notes']}", highlight=False)
     _print_best(store, run_id)
+
+
+def run_graph(store, run_id: str, settings: dict, tgt, policy, gpu: dict | None, on_event) -> None:
+    """The loop itself, shared by `kloop optimize`, `resume` and `bench`: warm workers, the graph, checkpoints."""
+    from agent.graph import Loop, LoopSettings, run_loop
+    from sandbox.pool import WorkerPool
+    from tools.evaluate import DEVICE, EvalSettings, Evaluation
+
+    eval_settings = EvalSettings()  # a fresh secret seed per session; it is never stored
+    # A worker takes seconds to start (torch, CUDA, Triton) and an evaluation on a GPU about one and a half:
+    # keep enough started ahead that a candidate rarely waits. The CPU machine has two cores to share.
+    spares = min(4 * settings["branches"], 8) if DEVICE.type == "cuda" else 1
+    with WorkerPool(spares=spares) as pool:
+        loop = Loop(store=store, run_id=run_id, policy=policy, gpu=gpu,
+                    evaluation=lambda source, language: Evaluation(tgt, source, eval_settings, pool),
+                    settings=LoopSettings(**{k: settings[k] for k in (
+                        "max_attempts", "hours", "branches", "target_sol", "patience", "max_cost_usd", "max_tokens",
+                        "language")}),
+                    target_name=tgt.name, target_source=shown_source(tgt.source))
+        run_loop(loop, Path(f"{store.path}.checkpoints"), on_event)
 
 
 class ProgressView:
@@ -222,8 +252,24 @@ class ProgressView:
             budget = ", ".join(f"{v:.0f} {k}" if isinstance(v, float) else f"{v} {k}" for k, v in left.items())
             console.print(f"#{event['number']} (branch {event['branch']}) [{color}]{event['verdict']}[/]{speed}{sol}{why}"
                           f" | {best} | left: {budget}", highlight=False)
+        elif event["kind"] == "api_error":
+            console.print(f"branch {event['branch']}: {event['error']} ({event['failures']} in a row; "
+                          "no attempt was spent)", highlight=False)
         elif event["kind"] == "stop":
             console.print(f"branch {event['branch']} stops: {event['reason']}", highlight=False)
+
+
+def _gpu_info() -> dict | None:
+    """The GPU facts of this machine (the evaluator's `gpu` dict), None without one: computed once per run."""
+    from tools.profile import gpu_info
+
+    return gpu_info()
+
+
+def _gpu_columns(gpu: dict | None) -> dict:
+    if gpu is None:
+        return {}
+    return {"gpu": gpu, "gpu_name": gpu.get("name"), "driver": gpu.get("driver"), "cuda": gpu.get("cuda")}
 
 
 def _print_best(store, run_id: str) -> None:

@@ -23,10 +23,18 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Command, Send
 
 from agent.diagnose import diagnose
-from agent.policy import AttemptView, Message, Policy, Proposal, ProposeContext
-from tools.store import Store, now
+from agent.policy import AttemptView, Message, Policy, PolicyError, Proposal, ProposeContext
+from tools.store import Store, attempt_columns, now
 
 FAILED = {"incorrect", "compile_error", "runtime_error", "timeout", "rejected"}
+# The graph's own verdict for a turn whose answer carried no usable candidate (not one of the evaluator's six).
+FORMAT_ERROR = "format_error"
+# Failed model calls in a row (each after the SDK's own retries) before the run gives up: an outage must not spin.
+MAX_API_FAILURES = 5
+
+
+class ModelApiError(PolicyError):
+    """The model API kept failing: the run stops as 'failed' and can be resumed once the API is back."""
 
 
 @dataclass
@@ -68,7 +76,9 @@ class Loop:
     settings: LoopSettings
     target_name: str
     target_source: str
+    gpu: dict | None = None                 # the run's GPU facts (runs.gpu), shown to the policy from turn 1
     live: dict[str, Live] = field(default_factory=dict)
+    api_failures: int = 0                   # failed model calls in a row, over all branches
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Branches propose and assemble in parallel, but verify and profile one at a time: both set the target's shape
     # through module globals and seed torch's global RNG, and two kernels timed at once on one GPU disturb each other.
@@ -93,6 +103,10 @@ class Loop:
                 live = self.live[key] = Live(turn=turn, started=time.monotonic(), parent_attempt_id=best)
         emit("stage", branch=branch, stage="write")
         proposal = self.policy.propose(self.context(branch, live))
+        if proposal.call_failed:
+            return self.api_failure(branch, key, live, proposal)
+        with self.lock:
+            self.api_failures = 0
         live.proposal, live.messages = proposal, live.messages + proposal.messages
         nxt = {"branch": branch, "key": key}
         if proposal.tool_calls and live.tool_rounds < self.settings.max_tool_rounds:
@@ -107,9 +121,26 @@ class Loop:
         if proposal.format_error or not proposal.source.strip():
             why = proposal.format_error or (f"still inspecting after {live.tool_rounds} tool rounds" if
                                             proposal.tool_calls else "the proposal carried no candidate source")
-            live.result = {"verdict": "rejected", "language": proposal.language, "reasons": [why]}
+            # Logged as an attempt (the model's answer is a negative example for training; the next turn's history
+            # shows the model why), but never evaluated.
+            live.result = {"verdict": FORMAT_ERROR, "language": proposal.language, "reasons": [why]}
             return Command(goto=Send("log", nxt))
         return Command(goto=Send("assemble", nxt))
+
+    def api_failure(self, branch: int, key: str, live: Live, proposal: Proposal) -> Command:
+        """The model call failed: log the turn's traffic with no attempt (an outage is not the model's answer and
+        spends no attempt budget) and start the turn over; give up after MAX_API_FAILURES failures in a row."""
+        del self.live[key]
+        with self.store.transaction():
+            for message in live.messages + proposal.messages:
+                self.store.add_message(self.run_id, message, branch=branch, turn=live.turn)
+        with self.lock:
+            self.api_failures += 1
+            failures = self.api_failures
+        emit("api_error", branch=branch, error=proposal.format_error, failures=failures)
+        if failures >= MAX_API_FAILURES:
+            raise ModelApiError(f"the model API failed {failures} times in a row, last: {proposal.format_error}")
+        return Command(goto=Send("write", {"branch": branch, "key": ""}))
 
     def tools(self, lineage: dict) -> Command:
         from agent.inspect_tools import run_tool  # model policies only: the offline path never imports it
@@ -205,10 +236,9 @@ class Loop:
     def context(self, branch: int, live: Live) -> ProposeContext:
         history = [attempt_view(row) for row in self.store.attempts(self.run_id, branch)]
         best = self.store.best_attempt(self.run_id)
-        latest = history[-1].result if history else {}
         return ProposeContext(
             run_id=self.run_id, branch=branch, turn=live.turn, target_name=self.target_name,
-            target_source=self.target_source, language=self.settings.language, gpu=latest.get("gpu"),
+            target_source=self.target_source, language=self.settings.language, gpu=self.gpu,
             history=history, best=attempt_view(best) if best else None,
             budget_left=self.budget_left(self.store.progress(self.run_id)), tool_results=live.tool_results)
 
@@ -225,20 +255,15 @@ class Loop:
     def commit(self, live: Live, branch: int) -> int:
         """One transaction: the attempt, its messages, the run's best and (first time seen) its machine facts."""
         r, proposal = live.result, live.proposal
-        durations = {**(r.get("durations_s") or {}), "attempt": time.monotonic() - live.started}
+        columns = attempt_columns(r)
+        columns["language"] = columns["language"] or proposal.language
+        columns["durations"] = {**(columns["durations"] or {}), "attempt": time.monotonic() - live.started}
         run = self.store.get_run(self.run_id)
         with self.store.transaction():
             attempt_id = self.store.add_attempt(
                 self.run_id, live.messages, branch=branch, turn=live.turn, parent_attempt_id=live.parent_attempt_id,
-                language=r.get("language") or proposal.language, source=proposal.source, reasoning=proposal.reasoning,
-                ptx=r.get("ptx"), sass=r.get("sass"), compile_log=r.get("compile_log"), resources=r.get("resources"),
-                verdict=r.get("verdict"), reasons=r.get("reasons") or [], time_us=r.get("time_us"),
-                speedup_eager=(r.get("speedup") or {}).get("eager"),
-                speedup_compile=(r.get("speedup") or {}).get("compile"),
-                sol_fraction=(r.get("roofline") or {}).get("sol_fraction"), roofline=r.get("roofline"),
-                correctness=r.get("correctness"), ncu=r.get("ncu"), nvml=r.get("nvml"), flags=r.get("flags"),
-                diagnosis=live.diagnosis, reflection=live.reflection, stdout=r.get("stdout"), stderr=r.get("stderr"),
-                durations=durations, result=r)
+                source=proposal.source, reasoning=proposal.reasoning, diagnosis=live.diagnosis,
+                reflection=live.reflection, **columns)
             facts = machine_facts(r, run)
             self.store.update_run(self.run_id, best_attempt_id=self.store.progress(self.run_id)["best_id"], **facts)
         return self.store.get_attempt(attempt_id)["number"]

@@ -67,7 +67,13 @@ class Proposal:
     # Inspection tool calls ({id, name, input}) the graph's tool node must answer before the policy proposes;
     # when present, source may be empty.
     tool_calls: list[dict] = field(default_factory=list)
-    format_error: str = ""         # the model answered with no usable candidate (logged, the loop goes on)
+    format_error: str = ""         # why there is no candidate: the model's answer had none, or the call failed
+
+    @property
+    def call_failed(self) -> bool:
+        """The model call itself failed (retries spent, stream broken off): the policy logged an error as its last
+        message and has neither a candidate nor tool calls. The graph logs it but makes no attempt of it."""
+        return bool(self.messages) and self.messages[-1].role == "error" and not self.source and not self.tool_calls
 
 
 class PolicyError(Exception):

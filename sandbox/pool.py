@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -159,11 +160,13 @@ class WorkerPool:
     def __init__(self, spares: int = 1) -> None:
         self.spares = spares
         self._idle: list[WorkerProcess] = []
+        self._lock = threading.Lock()  # parallel branches acquire from their own threads
 
     def acquire(self) -> WorkerProcess:
-        worker = self._idle.pop(0) if self._idle else WorkerProcess()
-        while len(self._idle) < self.spares:
-            self._idle.append(WorkerProcess())
+        with self._lock:
+            worker = self._idle.pop(0) if self._idle else WorkerProcess()  # the oldest spare is the warmest
+            while len(self._idle) < self.spares:
+                self._idle.append(WorkerProcess())
         return worker
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ datasets = pytest.importorskip("datasets")
 from agent import cmd_data  # noqa: E402
 from agent.inspect_tools import TOOLS  # noqa: E402
 from agent.policy import Message  # noqa: E402
-from tools.export import ExportOptions, build_records, normalized_kernel_hash  # noqa: E402
+from tools.export import ExportOptions, breaks_rules, build_records, normalized_kernel_hash  # noqa: E402
 from tools.store import open_db  # noqa: E402
 
 TARGET = '''import torch
@@ -137,7 +137,7 @@ SUBMIT_SCHEMA = next(t["input_schema"] for t in TOOLS if t["name"] == "submit_ca
 def make_anthropic_run(store) -> str:
     """Logged like the anthropic policy does: each turn a fresh conversation (target + turn prompt).
     Turn 1: the model inspects (get_ptx), then submits a correct kernel; turn 2: an incorrect one;
-    turn 3: it answers without a submission (a format error, logged as a rejected attempt with no source)."""
+    turn 3: it answers without a submission (logged as a format_error attempt with no source)."""
     run_id = store.create_run(target_name="vector_add", target_source=TARGET, policy="anthropic",
                               model="claude-opus-4-8", gpu_name=GPU["name"], versions=VERSIONS)
     cache = {"type": "ephemeral"}
@@ -176,7 +176,7 @@ def make_anthropic_run(store) -> str:
                                       "input": {"language": "triton", "source": wrong, "rationale": "bigger"}}])],
            attempt_columns("incorrect", wrong, 12.0))
     commit(3, [([first_message(3)], [{"type": "text", "text": "I think we are done."}])],
-           {"language": "triton", "source": "", "verdict": "rejected",
+           {"language": "triton", "source": "", "verdict": "format_error",
             "reasons": ["no submit_candidate call and no fenced python block"]})
     store.update_run(run_id, status="finished", best_attempt_id=first)
     return run_id
@@ -314,9 +314,9 @@ def test_rl_records(runs_db, tmp_path):
     out = tmp_path / "rl.jsonl"
     assert run_export(db, out, "--format", "rl", "--all-verdicts", "--run", ids["anthropic"]).exit_code == 0
     rows = list(load(out))
-    # the format error (turn 3) is a rejected attempt without a kernel: it keeps the branch and is a zero-reward turn
+    # the format error (turn 3) has no kernel: it keeps the branch and is a zero-reward turn
     assert [(r["verdict"], r["correct"], r["compiled"]) for r in rows] == [
-        ("correct", True, True), ("incorrect", False, True), ("rejected", False, False)]
+        ("correct", True, True), ("incorrect", False, True), ("format_error", False, False)]
     assert rows[0]["speedup_eager"] == pytest.approx(30 / 18) and rows[1]["speedup_eager"] is None
     assert [m["role"] for m in rows[0]["prompt"]] == ["system", "user", "assistant", "tool"]
     assert [m["role"] for m in rows[1]["prompt"]] == ["system", "user"]
@@ -375,3 +375,21 @@ def test_failed_export_keeps_the_previous_file(runs_db, tmp_path):
     out.write_text("previous\n")
     assert run_export(db, out, "--format", "rl", "--run", "nosuchid").exit_code == 1
     assert out.read_text() == "previous\n"
+
+
+def test_only_a_rejected_kernel_breaks_the_rules():
+    assert breaks_rules({"verdict": "rejected", "source": "import os\n"})
+    assert not breaks_rules({"verdict": "format_error", "source": ""})
+    assert not breaks_rules({"verdict": "rejected", "source": ""})  # a format error as databases logged it before
+
+
+def test_export_reads_beside_a_writer_without_waiting(runs_db, tmp_path, monkeypatch):
+    db, _ = runs_db
+    monkeypatch.setattr("tools.store.LOCK_TIMEOUT_S", 0.1)  # a writer's open would fail at once: export must not
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # a run still writing
+    try:
+        result = run_export(db, tmp_path / "kb.jsonl", "--format", "kernelbook")
+    finally:
+        holder.execute("ROLLBACK")
+    assert result.exit_code == 0, result.output

@@ -72,10 +72,10 @@ class ScriptedPolicy:
         return f"saw {attempt.verdict}", []
 
 
-def make_loop(store, run_id, policy, delay=0.0, **settings):
+def make_loop(store, run_id, policy, delay=0.0, gpu=None, **settings):
     return Loop(store=store, run_id=run_id, policy=policy,
                 evaluation=lambda source, language: FakeEvaluation(source, language, delay),
-                settings=LoopSettings(**settings), target_name="fake", target_source="class Model: ...")
+                settings=LoopSettings(**settings), target_name="fake", target_source="class Model: ...", gpu=gpu)
 
 
 def run_fake_loop(db_path: str, run_id: str, delay: float, max_attempts: int) -> None:
@@ -172,6 +172,68 @@ def test_tool_calls_are_answered_before_the_candidate(store, monkeypatch):
     second = store.attempts(run_id)[1]
     roles = [m["role"] for m in store.messages(run_id) if m["attempt_id"] == second["id"]]
     assert roles == ["tool_call", "tool_result", "response"]
+
+
+class FlakyApiPolicy(ScriptedPolicy):
+    """Fails the model call (as the model policies report it: an error message last, no candidate) on the turns
+    listed in `failures`, as many times as listed; answers with no code on `no_code_turn`."""
+
+    def __init__(self, script=(), failures=(), no_code_turn=None):
+        super().__init__(script)
+        self.failures, self.no_code_turn = list(failures), no_code_turn
+
+    def propose(self, ctx):
+        self.contexts.append(ctx)
+        if ctx.turn in self.failures:
+            self.failures.remove(ctx.turn)
+            return Proposal("", "", "", messages=[Message("request", {"turn": ctx.turn}),
+                                                  Message("error", {"error": "model call failed: 529"})],
+                            format_error="model call failed: OverloadedError 529")
+        if ctx.turn == self.no_code_turn:
+            return Proposal("", "", "Looks done to me.", messages=[Message("response", {"text": "done"})],
+                            format_error="no submit_candidate call and no fenced block")
+        self.contexts.pop()
+        return super().propose(ctx)
+
+
+def test_api_failures_make_no_attempt_and_format_errors_do(store):
+    policy = FlakyApiPolicy(["kernel 1", "kernel 2", "kernel 3"], failures=[2, 2], no_code_turn=3)
+    run_id, status, events = go(store, policy, max_attempts=3)
+    assert status == "finished"
+    attempts = store.attempts(run_id)
+    # Two failed calls on turn 2 cost no attempt: the budget of 3 still holds turns 1-3.
+    assert [(a["turn"], a["verdict"]) for a in attempts] == [(1, "correct"), (2, "correct"), (3, "format_error")]
+    assert attempts[2]["source"] == "" and attempts[2]["reasoning"] == "Looks done to me."
+    assert attempts[2]["reasons"] == ["no submit_candidate call and no fenced block"]
+    errors = [m for m in store.messages(run_id) if m["role"] == "error"]
+    assert len(errors) == 2 and all(m["attempt_id"] is None and m["turn"] == 2 for m in errors)
+    assert [m["role"] for m in store.messages(run_id) if m["attempt_id"] == attempts[2]["id"]] == ["response"]
+    assert [e["failures"] for e in events if e["kind"] == "api_error"] == [1, 2]
+    assert policy.contexts[-1].history[-1].verdict == "correct"
+
+
+def test_an_api_outage_fails_the_run_after_five_failures_in_a_row(store):
+    from agent.graph import MAX_API_FAILURES, ModelApiError
+
+    policy = FlakyApiPolicy(["kernel 1"], failures=[2] * MAX_API_FAILURES)
+    run_id = store.create_run(target_name="fake", policy="flaky")
+    with pytest.raises(ModelApiError, match=f"failed {MAX_API_FAILURES} times in a row.*529"):
+        run_loop(make_loop(store, run_id, policy, max_attempts=5), Path(f"{store.path}.checkpoints"))
+    run = store.get_run(run_id)
+    assert run["status"] == "failed" and f"failed {MAX_API_FAILURES} times in a row" in run["notes"]
+    assert len(store.attempts(run_id)) == 1
+    assert sum(m["role"] == "error" for m in store.messages(run_id)) == MAX_API_FAILURES
+    # Once the API is back, resume carries on from turn 2 (the failures are not attempts).
+    assert run_loop(make_loop(store, run_id, policy, max_attempts=3), Path(f"{store.path}.checkpoints")) == "finished"
+    assert [a["turn"] for a in store.attempts(run_id)] == [1, 2, 3]
+
+
+def test_the_runs_gpu_facts_reach_the_policy_from_turn_1(store):
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "sms": 132}
+    policy = ScriptedPolicy(["kernel 1", "kernel 2"])
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    run_loop(make_loop(store, run_id, policy, max_attempts=2, gpu=gpu), Path(f"{store.path}.checkpoints"))
+    assert [c.gpu for c in policy.contexts] == [gpu, gpu]
 
 
 def test_ctrl_c_stops_the_run_and_resume_finishes_it(store):
@@ -284,14 +346,22 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, monkeypatch):
         missing = cli(*command, "--db", db)
         assert missing.exit_code == 2 and f"no run nope in {db}" in missing.stderr
     assert cli("optimize", "vector_add", "--policy", "psychic", "--db", db).exit_code == 2
+    for misplaced in (("--thinking", "off"), ("--effort", "high"), ("--max-retries", 1), ("--no-tools",)):
+        refused = cli("optimize", "vector_add", "--policy", "offline", *misplaced, "--db", db)
+        assert refused.exit_code == 2 and "setting" in refused.stderr and "--policy" in refused.stderr
 
+    run_id = store.create_run(target_name="vector_add", policy="offline", settings={"target": "vector_add"})
     holder = sqlite3.connect(db, isolation_level=None)
-    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")  # another process mid-write
     try:
-        locked = cli("runs", "--db", db)
+        locked = cli("resume", run_id, "--db", db)
+        listed = cli("runs", "--db", db)  # readers open read-only and never wait for the writer
+        shown = cli("show", run_id, "--json", "--db", db)
     finally:
         holder.execute("ROLLBACK")
     assert locked.exit_code == 2 and "locked by another process" in locked.stderr
+    assert listed.exit_code == 0 and run_id in listed.output
+    assert shown.exit_code == 0 and json.loads(shown.output)["run"]["id"] == run_id
 
 
 @pytest.mark.gpu

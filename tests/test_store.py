@@ -3,7 +3,7 @@ import sqlite3
 import pytest
 
 from agent.policy import Message
-from tools.store import SCHEMA_VERSION, StoreError, open_db, source_hash
+from tools.store import ATTEMPT_COLUMNS, SCHEMA_VERSION, StoreError, attempt_columns, open_db, source_hash
 
 
 @pytest.fixture
@@ -110,3 +110,53 @@ def test_unwritable_and_locked_paths(tmp_path):
             open_db(path, timeout=0.1)
     finally:
         holder.execute("ROLLBACK")
+
+
+def test_read_only_open_reads_without_the_write_lock_and_refuses_writes(tmp_path):
+    path = tmp_path / "k.db"
+    writer = open_db(path)
+    run_id = writer.create_run(target_name="t", gpu={"name": "NVIDIA H200", "sms": 132})
+    writer.add_attempt(run_id, source="s", verdict="correct")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process mid-write: readers go on (WAL)
+    try:
+        reader = open_db(path, create=False, readonly=True, timeout=0.1)
+        assert reader.get_run(run_id)["gpu"] == {"name": "NVIDIA H200", "sms": 132}
+        assert [a["number"] for a in reader.attempts(run_id)] == [1]
+    finally:
+        holder.execute("ROLLBACK")
+    with pytest.raises(StoreError, match="opened read-only"):
+        reader.add_attempt(run_id, source="t", verdict="correct")
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader.db.execute("DELETE FROM attempts")  # the connection itself is read-only: no raw write gets through
+    assert len(writer.attempts(run_id)) == 1
+    with pytest.raises(StoreError, match="cannot create"):
+        open_db(tmp_path / "new.db", readonly=True)
+    with pytest.raises(StoreError, match="no run database at"):
+        open_db(tmp_path / "new.db", create=False, readonly=True)
+
+
+def test_a_v1_file_from_before_runs_gpu_gains_the_column_on_a_writable_open(tmp_path):
+    path = tmp_path / "old.db"
+    db = open_db(path)
+    run_id = db.create_run(target_name="t", gpu_name="NVIDIA H100")
+    db.db.execute("ALTER TABLE runs DROP COLUMN gpu")
+    db.close()
+    old = open_db(path, create=False, readonly=True)   # read as it is: the column is simply absent
+    assert "gpu" not in old.get_run(run_id) and old.get_run(run_id)["gpu_name"] == "NVIDIA H100"
+    old.close()
+    db = open_db(path, create=False)
+    db.update_run(run_id, gpu={"name": "NVIDIA H100"})
+    assert db.get_run(run_id)["gpu"] == {"name": "NVIDIA H100"}
+    assert db.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+
+
+def test_attempt_columns_maps_an_evaluator_result():
+    result = {"verdict": "correct", "language": "triton", "reasons": [], "speedup": {"eager": 2.0, "compile": 1.5},
+              "roofline": {"sol_fraction": 0.7, "bound": "memory"}, "time_us": {"median": 3.0},
+              "durations_s": {"total": 1.2}, "stdout": "hi", "gpu": {"name": "NVIDIA H200"}}
+    columns = attempt_columns(result)
+    assert (columns["speedup_eager"], columns["speedup_compile"], columns["sol_fraction"]) == (2.0, 1.5, 0.7)
+    assert columns["durations"] == {"total": 1.2} and columns["result"] is result and columns["stdout"] == "hi"
+    assert set(columns) <= set(ATTEMPT_COLUMNS)
+    assert attempt_columns({"verdict": "format_error", "reasons": ["no code"]})["speedup_eager"] is None

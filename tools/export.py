@@ -58,9 +58,9 @@ class ExportSummary:
 # -- reading runs ----------------------------------------------------------------------------------------------------
 
 def open_run_db(path: str | os.PathLike) -> Store:
-    """An existing run database of this schema version; anything else is an ExportError line."""
+    """An existing run database of this schema version, opened read-only; anything else is an ExportError line."""
     try:
-        return open_db(path, create=False)
+        return open_db(path, create=False, readonly=True)
     except StoreError as e:
         raise ExportError(str(e)) from None
 
@@ -167,20 +167,23 @@ def offline_turns(run: dict, attempts: list[dict]) -> list[Turn]:
 
 
 def model_turns(attempts: list[dict], messages: list[dict]) -> list[Turn]:
-    """A branch of a model run: for each attempt, the last request of its turn and the response to it."""
-    exchanges: dict[int, tuple[dict, dict]] = {}   # turn -> (request, response)
+    """A branch of a model run: for each attempt, the last request logged with it and the response to it.
+    Messages of no attempt (failed model calls, a policy's closing words) are not submissions and are left out."""
+    exchanges: dict[int, tuple[dict, dict]] = {}   # attempt id -> (request, response)
     request = None
     for row in messages:
+        if row.get("attempt_id") is None:
+            continue
         if row["role"] == "request":
             request = row
-        elif row["role"] == "response" and request is not None and row.get("turn") is not None:
-            exchanges[row["turn"]] = (request, row)
+        elif row["role"] == "response" and request is not None:
+            exchanges[row["attempt_id"]] = (request, row)
             request = None
     turns = []
     for attempt in attempts:
-        if attempt.get("turn") not in exchanges:
+        if attempt["id"] not in exchanges:
             continue
-        request, response = exchanges[attempt["turn"]]
+        request, response = exchanges[attempt["id"]]
         prompt, tools = _request_messages(request)
         completion = _response_message(response)
         if prompt is None or completion is None:
@@ -328,6 +331,7 @@ def openai_messages(messages: list[dict]) -> list[dict]:
 
 
 def reward_components(attempt: dict) -> dict:
+    """What an RL reward is built from; a format_error turn (no candidate) compiled nothing and is zero-reward."""
     verdict = attempt.get("verdict")
     return {
         "verdict": verdict,
@@ -352,8 +356,9 @@ def _qualifies(attempt: dict, options: ExportOptions) -> bool:
 
 
 def breaks_rules(attempt: dict) -> bool:
-    """Rejected for what its kernel did. The graph also logs an answer with no candidate (a format error) as
-    rejected, with no source: that is a failed turn, not cheating, and does not taint its trajectory."""
+    """Rejected for what its kernel did. An answer with no candidate (verdict format_error) is a failed turn, not
+    cheating, and does not taint its trajectory; databases written before that verdict existed logged it as
+    rejected with no source, which is read the same way."""
     return attempt.get("verdict") == "rejected" and bool((attempt.get("source") or "").strip())
 
 

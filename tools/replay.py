@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools.store import Store, StoreError, now, open_db
+from tools.store import Store, StoreError, attempt_columns, now, open_db
 
 WHICH = ("best", "correct", "all")
 TIME_REL_TOLERANCE = 0.10   # timings closer than this are the same ...
@@ -57,21 +57,6 @@ def select_attempts(store: Store, run: dict, which: str) -> list[dict]:
         return [a for a in attempts if a.get("verdict") == "correct"]
     best_id = run.get("best_attempt_id") or (store.best_attempt(run["id"]) or {}).get("id")
     return [a for a in attempts if a["id"] == best_id]
-
-
-def attempt_columns(result: dict) -> dict:
-    """The attempts-table columns filled from one evaluator result dict (docs/design.md)."""
-    speedup = result.get("speedup") or {}
-    return {
-        "language": result.get("language"), "ptx": result.get("ptx"), "sass": result.get("sass"),
-        "compile_log": result.get("compile_log"), "resources": result.get("resources"),
-        "verdict": result.get("verdict"), "reasons": result.get("reasons") or [], "time_us": result.get("time_us"),
-        "speedup_eager": speedup.get("eager"), "speedup_compile": speedup.get("compile"),
-        "sol_fraction": (result.get("roofline") or {}).get("sol_fraction"), "roofline": result.get("roofline"),
-        "correctness": result.get("correctness"), "ncu": result.get("ncu"), "nvml": result.get("nvml"),
-        "flags": result.get("flags"), "stdout": result.get("stdout"), "stderr": result.get("stderr"),
-        "durations": result.get("durations_s"), "result": result,
-    }
 
 
 def compare(old: dict, new: dict) -> list[str]:

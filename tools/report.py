@@ -23,7 +23,7 @@ class ReportError(Exception):
 
 def _open(db_path):
     try:
-        return open_db(db_path, create=False)
+        return open_db(db_path, create=False, readonly=True)
     except StoreError as e:
         raise ReportError(str(e)) from None
 

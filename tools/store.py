@@ -32,8 +32,11 @@ RUN_COLUMNS = {
     "id": str, "created_at": str, "finished_at": str, "status": str, "target_name": str, "target_source": str,
     "target_sha256": str, "gpu_name": str, "driver": str, "cuda": str, "versions": str, "numeric_flags": str,
     "policy": str, "model": str, "settings": str, "baselines": str, "best_attempt_id": int, "parent_run_id": str,
-    "parent_kind": str, "notes": str,
+    "parent_kind": str, "notes": str, "gpu": str,
 }
+# Columns added to schema v1 after its first release: nullable, added on a writable open of an older v1 file (an
+# additive change: readers that select * just see one more column). A read-only open reads them as absent (None).
+ADDED_RUN_COLUMNS = {"gpu": str}
 ATTEMPT_COLUMNS = {
     "id": int, "run_id": str, "number": int, "branch": int, "parent_attempt_id": int, "turn": int, "created_at": str,
     "language": str, "source": str, "source_hash": str, "reasoning": str, "ptx": str, "sass": str,
@@ -48,9 +51,25 @@ MESSAGE_COLUMNS = {
 }
 JSON_COLUMNS = {
     "versions", "numeric_flags", "settings", "baselines", "ptx", "sass", "resources", "reasons", "time_us",
-    "roofline", "correctness", "ncu", "nvml", "flags", "durations", "result", "content",
+    "roofline", "correctness", "ncu", "nvml", "flags", "durations", "result", "content", "gpu",
 }
 RUN_STATUSES = ("running", "finished", "stopped", "failed")
+
+
+def attempt_columns(result: dict) -> dict:
+    """The attempts-table columns filled from one evaluator result dict (docs/design.md); the graph's commit and
+    the re-verifier both store results through this one mapping."""
+    speedup = result.get("speedup") or {}
+    return {
+        "language": result.get("language"), "ptx": result.get("ptx"), "sass": result.get("sass"),
+        "compile_log": result.get("compile_log"), "resources": result.get("resources"),
+        "verdict": result.get("verdict"), "reasons": result.get("reasons") or [], "time_us": result.get("time_us"),
+        "speedup_eager": speedup.get("eager"), "speedup_compile": speedup.get("compile"),
+        "sol_fraction": (result.get("roofline") or {}).get("sol_fraction"), "roofline": result.get("roofline"),
+        "correctness": result.get("correctness"), "ncu": result.get("ncu"), "nvml": result.get("nvml"),
+        "flags": result.get("flags"), "stdout": result.get("stdout"), "stderr": result.get("stderr"),
+        "durations": result.get("durations_s"), "result": result,
+    }
 
 
 class StoreError(Exception):
@@ -67,14 +86,21 @@ def source_hash(source: str) -> str:
     return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()
 
 
-def open_db(path: str | os.PathLike = DEFAULT_DB, create: bool = True, timeout: float | None = None) -> Store:
+def open_db(path: str | os.PathLike = DEFAULT_DB, create: bool = True, timeout: float | None = None,
+            readonly: bool = False) -> Store:
     """Open (or, with create, make) a run database; every problem is one StoreError line.
+
+    readonly opens an existing database for reading only (export, report, show, runs): it works on read-only files
+    and media, never takes the write lock, and any write through it is a StoreError.
 
     >>> db = open_db("/tmp/x.db")            # creates the file and the schema
     >>> open_db("/tmp/missing.db", create=False)
     StoreError: no run database at /tmp/missing.db
+    >>> open_db("/data/runs.db", create=False, readonly=True).list_runs()
     """
     path = Path(path)
+    if readonly and create:
+        raise StoreError("a read-only open cannot create a database (pass create=False)")
     if not path.exists():
         if not create:
             raise StoreError(f"no run database at {path}")
@@ -82,16 +108,33 @@ def open_db(path: str | os.PathLike = DEFAULT_DB, create: bool = True, timeout: 
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create {path.parent}: {e.strerror}") from None
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
+    if not readonly and not os.access(path if path.exists() else path.parent, os.W_OK):
         raise StoreError(f"{path} is not writable")
+    timeout = LOCK_TIMEOUT_S if timeout is None else timeout
     try:
-        conn = sqlite3.connect(str(path), timeout=LOCK_TIMEOUT_S if timeout is None else timeout,
-                               check_same_thread=False)
-        store = Store(Database(conn), path)
+        conn = _connect_readonly(path, timeout) if readonly else sqlite3.connect(
+            str(path), timeout=timeout, check_same_thread=False)
+        store = Store(Database(conn), path, readonly=readonly)
         store._prepare()
     except sqlite3.DatabaseError as e:
         raise StoreError(_explain(path, e)) from None
     return store
+
+
+def _connect_readonly(path: Path, timeout: float) -> sqlite3.Connection:
+    """A read-only connection. A WAL database needs its -shm file to be there or creatable; where neither holds
+    (a read-only directory after a clean close) it is opened immutable, which is safe because nobody can be
+    writing to a file in a directory no one can write to."""
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, timeout=timeout, check_same_thread=False)
+    try:
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as e:
+        conn.close()
+        if "unable to open" not in str(e) or os.access(path.parent, os.W_OK):
+            raise
+        conn = sqlite3.connect(f"{uri}&immutable=1", uri=True, timeout=timeout, check_same_thread=False)
+    return conn
 
 
 def _explain(path: Path, error: sqlite3.DatabaseError) -> str:
@@ -100,7 +143,7 @@ def _explain(path: Path, error: sqlite3.DatabaseError) -> str:
         return f"{path} is locked by another process (is a kloop run still writing to it?)"
     if "not a database" in text or "malformed" in text:
         return f"{path} is not a SQLite database"
-    if "readonly" in text or "unable to open" in text:
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
         return f"{path} is not writable ({text})"
     return f"{path}: {text}"
 
@@ -108,9 +151,10 @@ def _explain(path: Path, error: sqlite3.DatabaseError) -> str:
 class Store:
     """The run database. Methods are thread-safe (the graph's parallel branches share one Store)."""
 
-    def __init__(self, db: Database, path: Path):
+    def __init__(self, db: Database, path: Path, readonly: bool = False):
         self.db = db
         self.path = path
+        self.readonly = readonly
         self._lock = threading.RLock()
 
     # -- setup ---------------------------------------------------------------------------------------------------
@@ -135,9 +179,14 @@ class Store:
         if version < SCHEMA_VERSION:
             raise StoreError(f"{self.path} has schema version {version}, older than any kloop release "
                              f"(no migration to {SCHEMA_VERSION} exists)")
+        if self.readonly:
+            return
         # A write probe turns "locked by another writer" into an error now rather than at the first attempt.
         with db.atomic():
             db.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
+            missing = {k: v for k, v in ADDED_RUN_COLUMNS.items() if k not in db["runs"].columns_dict}
+            for column, kind in missing.items():
+                db["runs"].add_column(column, kind)
 
     def _create_schema(self) -> None:
         db = self.db
@@ -303,6 +352,8 @@ class _Transaction:
         self.store = store
 
     def __enter__(self):
+        if self.store.readonly:
+            raise StoreError(f"{self.store.path} was opened read-only: it cannot be written through this handle")
         self.store._lock.acquire()
         self.atomic = self.store.db.atomic()
         try:

@@ -14,6 +14,24 @@ POLICIES = {
 }
 
 
+# The run settings (kloop optimize options) each model policy takes; an absent or None one keeps the policy's default
+# (its model id included: agent.policies.anthropic.DEFAULT_MODEL).
+MODEL_SETTINGS = {
+    "anthropic": ("model", "base_url", "thinking", "effort", "max_retries"),
+    "openai": ("model", "base_url", "max_retries", "tools"),
+}
+
+
+def model_policy_settings(name: str, settings: dict) -> dict:
+    """The keyword arguments for model policy `name` from a run's settings (runs made before a setting existed
+    simply lack it).
+
+    >>> model_policy_settings("openai", {"model": "qwen", "tools": False, "thinking": None})
+    {'model': 'qwen', 'tools': False}
+    """
+    return {k: settings[k] for k in MODEL_SETTINGS[name] if settings.get(k) is not None}
+
+
 def make_policy(name: str, **settings) -> Policy:
     """>>> make_policy("offline", target=load_target("softmax"))"""
     if name not in POLICIES:
