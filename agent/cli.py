@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from agent import cmd_data, cmd_eval, cmd_loop
+from agent import cmd_bench, cmd_data, cmd_eval, cmd_loop
 
 app = typer.Typer(
     name="kloop",
@@ -25,6 +25,7 @@ app.command("show")(cmd_loop.show_command)
 app.command("export")(cmd_data.export_command)
 app.command("replay")(cmd_data.replay_command)
 app.command("report")(cmd_data.report_command)
+app.command("bench")(cmd_bench.bench_command)
 
 
 def main() -> None:

@@ -1,0 +1,167 @@
+"""The numbers behind `kloop bench`: device ceilings (copy bandwidth, cuBLAS), per-target rows, geomeans, goals.
+
+GPU measurements use tools.profile.time_interleaved in this process, so the ceilings are measured the same way and
+in the same session as the kernels they are compared with. Everything else works on plain dicts (evaluator results
+and run-database attempt rows) and runs anywhere.
+"""
+from __future__ import annotations
+
+import statistics
+
+MEMORY_BOUND = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")
+MATMUL = ("matmul_bf16", "matmul_bias_relu")
+COPY_BYTES = 2**30          # the copy ceiling depends on size (128 MiB reaches less than 1 GiB): use a large one
+GOAL_COPY_FRACTION = 0.9
+GOAL_CUBLAS_FRACTION = 0.9
+GOAL_GEOMEAN_EAGER = 1.2
+GOAL_CANDIDATES_PER_MINUTE = 30.0
+
+
+def copy_bandwidth(nbytes: int = COPY_BYTES, calls: int = 30) -> dict | None:
+    """Device-to-device copy of `nbytes`, counted as bytes read + written; None without a CUDA GPU."""
+    import torch
+
+    from tools.profile import time_interleaved
+
+    if not torch.cuda.is_available():
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    timing = time_interleaved({"copy": lambda: dst.copy_(src)}, calls=calls)["copy"]
+    del src, dst
+    torch.cuda.empty_cache()   # give the 2 GiB back before candidates run
+    return {"bytes_per_copy": nbytes, "bytes_moved": 2 * nbytes, "time_us": timing,
+            "gbps": 2 * nbytes / (timing["median"] * 1e3)}
+
+
+def cublas_matmul(m: int, n: int, k: int, dtype=None, calls: int = 30) -> dict | None:
+    """torch.matmul (cuBLAS) of an m x k by k x n product in `dtype` (bf16 by default); None without a CUDA GPU."""
+    import torch
+
+    from tools.profile import time_interleaved
+
+    if not torch.cuda.is_available():
+        return None
+    dtype = dtype or torch.bfloat16
+    a = torch.randn(m, k, dtype=dtype, device="cuda")
+    b = torch.randn(k, n, dtype=dtype, device="cuda")
+    out = torch.empty(m, n, dtype=dtype, device="cuda")
+    timing = time_interleaved({"cublas": lambda: torch.matmul(a, b, out=out)}, calls=calls)["cublas"]
+    del a, b, out
+    torch.cuda.empty_cache()
+    return {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."), "time_us": timing,
+            "tflops": 2 * m * n * k / (timing["median"] * 1e6)}
+
+
+def matmul_shape(target, small: bool) -> tuple[int, int, int]:
+    """(M, N, K) of a matmul target's main shape, read from its module globals under the shape's overrides."""
+    with target.overrides(target.shapes(small)[0]):
+        return target.module.M, target.module.N, target.module.K
+
+
+def kind_of(target_name: str) -> str:
+    return "memory" if target_name in MEMORY_BOUND else "matmul" if target_name in MATMUL else "other"
+
+
+def best_by_language(attempts: list[dict]) -> dict[str, dict | None]:
+    """The best correct Triton and PTX attempts of a run (highest speedup over eager, then earliest), or None."""
+    best = {}
+    for language in ("triton", "ptx"):
+        correct = [a for a in attempts if a["verdict"] == "correct" and a["language"] == language]
+        correct.sort(key=lambda a: (-(a["speedup_eager"] or 0), a["number"]))
+        best[language] = {"attempt": correct[0]["number"], "time_us": (correct[0]["time_us"] or {}).get("median"),
+                          "speedup_eager": correct[0]["speedup_eager"]} if correct else None
+    return best
+
+
+def evaluator_overhead_s(attempts: list[dict]) -> float | None:
+    """Median over attempts of (attempt wall time - the candidate's own kernel time in its timed calls), seconds."""
+    overheads = []
+    for a in attempts:
+        wall = (a["durations"] or {}).get("attempt")
+        if wall is not None:
+            kernel_ms = (a["time_us"] or {}).get("events_total_ms") or 0.0
+            overheads.append(wall - kernel_ms / 1000)
+    return statistics.median(overheads) if overheads else None
+
+
+def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, final: dict | None,
+               loop_seconds: float, copy: dict | None, cublas: dict | None) -> dict:
+    """One table row: the final interleaved measurement of the best attempt (`final`: its evaluator result, timed
+    together with eager and compile), the run's attempt statistics, and the achieved rate against the device ceiling
+    that fits the target (copy bandwidth or cuBLAS)."""
+    final = final or {}
+    timing = final.get("time_us") or {}
+    baselines = final.get("baselines") or {}
+    speedup = final.get("speedup") or {}
+    roof = final.get("roofline") or {}
+    best_us = timing.get("median")
+    kind = kind_of(name)
+    gbps = roof["bytes"] / (best_us * 1e3) if best_us and roof.get("bytes") else None
+    tflops = roof["flops"] / (best_us * 1e6) if best_us and roof.get("flops") else None
+    copy_gbps = (copy or {}).get("gbps")
+    cublas_tflops = (cublas or {}).get("tflops")
+    per_language = best_by_language(attempts)
+    return {
+        "target": name, "kind": kind, "run_id": run_id,
+        "best_attempt": best["number"] if best else None, "best_language": best["language"] if best else None,
+        "final_verdict": final.get("verdict"), "final_reasons": final.get("reasons") or [],
+        "eager_us": (baselines.get("eager") or {}).get("median"),
+        "compile_us": (baselines.get("compile") or {}).get("median"),
+        "best_us": best_us,
+        "timings_us": {"best": timing or None, "eager": baselines.get("eager"), "compile": baselines.get("compile")},
+        "speedup_eager": speedup.get("eager"), "speedup_compile": speedup.get("compile"),
+        "sol_fraction": roof.get("sol_fraction"),
+        "achieved_gbps": gbps, "achieved_tflops": tflops,
+        "copy_gbps": copy_gbps if kind == "memory" else None,
+        "copy_fraction": gbps / copy_gbps if kind == "memory" and gbps and copy_gbps else None,
+        "cublas": cublas, "cublas_tflops": cublas_tflops,
+        "cublas_fraction": tflops / cublas_tflops if tflops and cublas_tflops else None,
+        "attempts": len(attempts),
+        "loop_seconds": loop_seconds,
+        "attempts_per_minute": len(attempts) / (loop_seconds / 60) if loop_seconds > 0 else None,
+        "overhead_s_median": evaluator_overhead_s(attempts),
+        "best_triton": per_language["triton"], "best_ptx": per_language["ptx"],
+        "flags": final.get("flags") or [],
+    }
+
+
+def geomean(values: list[float | None]) -> float | None:
+    """Geometric mean of the known values; None when there are none."""
+    known = [v for v in values if v]
+    return statistics.geometric_mean(known) if known else None
+
+
+def goals(rows: list[dict], minutes_per_target: float, timing_is_real: bool) -> list[dict]:
+    """The bench's pass/fail list: {goal, passed (True/False, None = not measurable here), detail}."""
+    def check(goal: str, subjects: list[dict], value_of, ok, fmt, measurable: bool = True) -> dict:
+        if not subjects:
+            return {"goal": goal, "passed": None, "detail": "no such target in this bench"}
+        if not measurable:
+            return {"goal": goal, "passed": None, "detail": "not measured: no CUDA GPU, so no timing is real"}
+        values = {r["target"]: value_of(r) for r in subjects}
+        missing = [t for t, v in values.items() if v is None]
+        failing = [t for t, v in values.items() if v is not None and not ok(v)]
+        parts = [f"{t} {fmt(v) if v is not None else 'no result'}" for t, v in values.items()]
+        return {"goal": goal, "passed": not missing and not failing, "detail": ", ".join(parts)}
+
+    memory = [r for r in rows if r["kind"] == "memory"]
+    matmul = [r for r in rows if r["kind"] == "matmul"]
+    eager_geomean = geomean([r["speedup_eager"] for r in rows])
+    return [
+        check(f"memory-bound targets >= {GOAL_COPY_FRACTION:.0%} of measured copy bandwidth", memory,
+              lambda r: r["copy_fraction"], lambda v: v >= GOAL_COPY_FRACTION, "{:.0%}".format, timing_is_real),
+        check("every target >= 1.0x torch.compile", rows, lambda r: r["speedup_compile"], lambda v: v >= 1.0,
+              "{:.2f}x".format, timing_is_real),
+        {"goal": f"geomean >= {GOAL_GEOMEAN_EAGER:g}x eager",
+         "passed": (eager_geomean is not None and eager_geomean >= GOAL_GEOMEAN_EAGER) if timing_is_real else None,
+         "detail": (f"{eager_geomean:.2f}x" if eager_geomean else "no speedups") if timing_is_real
+         else "not measured: no CUDA GPU, so no timing is real"},
+        check(f"bf16 matmul >= {GOAL_CUBLAS_FRACTION:.0%} of cuBLAS", matmul, lambda r: r["cublas_fraction"],
+              lambda v: v >= GOAL_CUBLAS_FRACTION, "{:.0%}".format, timing_is_real),
+        check(f"each target's loop within {minutes_per_target:g} min", rows, lambda r: r["loop_seconds"],
+              lambda v: v <= minutes_per_target * 60, "{:.0f} s".format),
+        check(f">= {GOAL_CANDIDATES_PER_MINUTE:g} evaluated candidates per minute (small targets)", memory,
+              lambda r: r["attempts_per_minute"], lambda v: v >= GOAL_CANDIDATES_PER_MINUTE, "{:.1f}/min".format,
+              timing_is_real),
+    ]
