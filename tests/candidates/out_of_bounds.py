@@ -6,7 +6,7 @@ import triton.language as tl
 
 @triton.jit
 def bad_kernel(a_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK) + (1 << 40)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK) + n.to(tl.int64) * 100_000_000  # ~400 GB past the end
     tl.store(out_ptr + offs, tl.load(a_ptr + offs))
 
 
