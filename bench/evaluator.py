@@ -30,7 +30,7 @@ def main() -> None:
     target = load_target("vector_add")
     source = (ROOT / "agent/kernels/vector_add/triton_block.py").read_text()
     report = {"gpu": gpu_info(), "target": "vector_add", "candidate": "agent/kernels/vector_add/triton_block.py"}
-    with WorkerPool(spares=1) as pool:
+    with WorkerPool(spares=4) as pool:  # enough started ahead that every evaluation finds a warm worker
         evaluate(target, source, EvalSettings(baselines=()), pool)  # first compile, Triton and CUDA start-up
         walls, overheads, medians = [], [], []
         for _ in range(args.repeats):

@@ -152,3 +152,11 @@ def poison_like(sizes: list[tuple[int, torch.device]]) -> None:
         block.fill_(0xFF)
     if blocks and blocks[0].is_cuda:
         torch.cuda.synchronize()
+
+
+def poison_tensors(tensors: list) -> None:
+    """Overwrite the whole storage of each tensor with NaN bits before it is freed."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel():
+            raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+            raw.fill_(0xFF)

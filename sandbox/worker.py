@@ -175,6 +175,8 @@ class Worker:
             def keep(name, round_index, out):
                 if name == "candidate" and round_index in keep_rounds:
                     kept[round_index] = [t.clone() for t in harness.flatten_outputs(out) if type(t) is torch.Tensor]
+                elif name != "candidate":  # a baseline's output is this round's right answer: never leave it lying
+                    harness.poison_tensors(harness.flatten_outputs(out))  # where the candidate's next empty() looks
 
             fns = {"candidate": candidate}
             if "eager" in baselines or "compile" in baselines:

@@ -22,7 +22,7 @@ ROW_KEYS = {"target", "kind", "run_id", "best_attempt", "best_language", "final_
 
 def run_bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "results" / "bench.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="220")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), COLUMNS="220")
     proc = subprocess.run([sys.executable, "-m", "agent.cli", "bench", *args, "--json", str(out),
                            "--db", str(tmp_path / "bench.db")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)

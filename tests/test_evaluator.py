@@ -129,7 +129,7 @@ def test_broken_targets_get_one_clear_line(tmp_path):
 
 def kloop(*args, env=None):
     return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})), timeout=300)
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(env or {})), timeout=300)
 
 
 def test_cli_eval_json_is_one_object():

@@ -195,7 +195,7 @@ def test_run_ncu_profiles_a_tiny_script(tmp_path):
         torch.cuda.synchronize()
         print("done")
     """))
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     found = run_ncu([sys.executable, str(script)], env=env, kernel_regex="vec_add", timeout_s=240)
     assert list(found) == ["vec_add"]
     vec = found["vec_add"]

@@ -256,7 +256,7 @@ def test_ctrl_c_stops_the_run_and_resume_finishes_it(store):
 
 def _spawn(db_path, run_id, delay, max_attempts):
     code = f"import test_loop; test_loop.run_fake_loop({str(db_path)!r}, {run_id!r}, {delay}, {max_attempts})"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH")])))
     return subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
 
 
