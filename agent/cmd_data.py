@@ -6,15 +6,10 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
-DEFAULT_DB = Path("runs/kloop.db")
+from agent.cmd_eval import fail
+from tools.store import DEFAULT_DB
 
-
-def _fail(message: str) -> None:
-    """One line on stderr, exit status 1 (the message is plain text: no rich markup is read from it)."""
-    Console(stderr=True).print(Text.assemble(("error:", "red"), " ", message), soft_wrap=True)
-    raise typer.Exit(1)
 
 
 def export_command(
@@ -36,7 +31,7 @@ def export_command(
     try:
         summary = export(db, out, options)
     except ExportError as e:
-        _fail(str(e))
+        fail(str(e))
     Console().print(f"wrote {summary.written} {format} line(s) from {summary.runs} run(s) to {out}"
                     f" ({summary.duplicates} duplicate kernel(s) left out)", highlight=False)
 
@@ -57,7 +52,7 @@ def replay_command(
     try:
         outcome = replay(run_id, db, attempts, on_attempt=progress)
     except ReplayError as e:
-        _fail(str(e))
+        fail(str(e))
     console.print(comparison_table(outcome))
     console.print(f"new run {outcome.new_run_id} (reverify of {run_id}): "
                   f"{len(outcome.disagreements)} disagreement(s)", highlight=False)
@@ -74,5 +69,5 @@ def report_command(
     try:
         written = write_report(run_id, db, out)
     except ReportError as e:
-        _fail(str(e))
+        fail(str(e))
     Console().print(f"wrote {', '.join(p.name for p in written)} to {out}", highlight=False)

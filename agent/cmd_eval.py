@@ -7,13 +7,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 console = Console()
 
 
 def fail(message: str, code: int = 2) -> None:
-    """One clear line on stderr and a non-zero exit: how every kloop command reports bad input."""
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """One clear line on stderr and exit status 2: how every kloop command reports bad input. The message is plain
+    text (a path like runs/[x].db is not read as rich markup)."""
+    Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -12,8 +12,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from agent.cmd_eval import fail
+from tools.store import DEFAULT_DB
 
-DEFAULT_DB = Path("runs/kloop.db")
 POLICIES = ("offline", "anthropic", "openai", "replay")
 LANGUAGES = ("triton", "ptx", "auto")
 console = Console()
@@ -126,6 +126,27 @@ def runs_command(
                           run["policy"] + (f" ({run['model']})" if run["model"] else ""), str(run["attempts_count"]),
                           f"{best:.2f}" if best is not None else "-", run["notes"] or "")
     console.print(table)
+    _print_leaderboard(db)
+
+
+def _print_leaderboard(db_paths: list[Path]) -> None:
+    """The best verified kernel of each target across all the databases given."""
+    from tools.report import ReportError, leaderboard
+
+    try:
+        rows = leaderboard(db_paths)
+    except ReportError as e:
+        fail(str(e))
+    if not rows:
+        return
+    board = Table(title="leaderboard: best verified kernel per target")
+    for column in ("target", "run", "attempt", "language", "time us", "x eager", "x compile", "SOL", "GPU"):
+        board.add_column(column, no_wrap=column in ("target", "run"))
+    for r in rows:
+        board.add_row(r["target"], r["run"], str(r["attempt"]), r["language"], _num(r["time_us"], "{:.1f}"),
+                      _num(r["speedup_eager"], "{:.2f}"), _num(r["speedup_compile"], "{:.2f}"),
+                      _num(r["sol_fraction"], "{:.0%}"), r["gpu"] or "no GPU")
+    console.print(board)
 
 
 def show_command(
@@ -281,7 +302,7 @@ def _print_best(store, run_id: str) -> None:
     path.write_text(best["source"])
     console.print(f"best verified kernel: attempt {best['number']} ({best['language']}), written to {path}",
                   highlight=False)
-    console.print(Syntax(best["source"], "python", line_numbers=False))
+    console.print(Syntax(best["source"], "python", line_numbers=False, word_wrap=True))  # never crop code
     result = best["result"] or {}
     if result.get("executed_on") != "cuda":
         console.print("no CUDA GPU: this was an interpreter run on CPU tensors, so no timing is real "

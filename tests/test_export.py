@@ -306,7 +306,7 @@ def test_kernelbook_pairs_and_filters(runs_db, tmp_path):
     assert row["triton_code"] == kernel(1024) and row["python_code"] == TARGET
     assert row["entry_point"] == "Model" and row["module_name"] == "vector_add" and row["synthetic"] is True
     assert row["speedup_eager"] == pytest.approx(2.0) and row["language"] == "triton"
-    assert run_export(db, tmp_path / "none.jsonl", "--format", "kernelbook", "--language", "ptx").exit_code == 1
+    assert run_export(db, tmp_path / "none.jsonl", "--format", "kernelbook", "--language", "ptx").exit_code == 2
 
 
 def test_rl_records(runs_db, tmp_path):
@@ -361,7 +361,7 @@ def test_bad_input_is_one_line_and_writes_nothing(runs_db, tmp_path, case):
     elif case == "missing_db":
         db = tmp_path / "missing.db"
     result = run_export(db, out, *args)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
     assert not out.exists()
@@ -373,7 +373,7 @@ def test_failed_export_keeps_the_previous_file(runs_db, tmp_path):
     db, _ = runs_db
     out = tmp_path / "data.jsonl"
     out.write_text("previous\n")
-    assert run_export(db, out, "--format", "rl", "--run", "nosuchid").exit_code == 1
+    assert run_export(db, out, "--format", "rl", "--run", "nosuchid").exit_code == 2
     assert out.read_text() == "previous\n"
 
 

@@ -317,7 +317,8 @@ def test_optimize_vector_add_end_to_end_on_cpu(cli, tmp_path):
 
     shown = cli("show", run["id"], "--json", "--db", db)
     assert [a["number"] for a in json.loads(shown.output)["attempts"]] == [1, 2, 3, 4]
-    assert run["id"] in cli("runs", "--db", db).output
+    listed = cli("runs", "--db", db).output
+    assert run["id"] in listed and "leaderboard" in listed and "vector_add" in listed.split("leaderboard")[1]
     again = cli("resume", run["id"], "--db", db)
     assert again.exit_code == 0 and "already finished" in again.output
 

@@ -83,7 +83,7 @@ def test_report_unknown_run_is_one_line(tmp_path):
     db = tmp_path / "kloop.db"
     db_with_run(db, timed=True)
     result = CliRunner().invoke(cli(), ["report", "nosuchid", "--db", str(db), "--out", str(tmp_path / "r")])
-    assert result.exit_code == 1 and result.output.strip() == f"error: no run nosuchid in {db}"
+    assert result.exit_code == 2 and result.output.strip() == f"error: no run nosuchid in {db}"
     assert not (tmp_path / "r").exists()
 
 
@@ -151,7 +151,7 @@ def test_replay_bad_input_is_one_line(tmp_path):
     db_with_run(db, timed=True)
     for args in (["nosuchid"], [db_with_run(db, timed=True), "--attempts", "newest"]):
         result = CliRunner().invoke(cli(), ["replay", *args, "--db", str(db)])
-        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
         assert result.output.startswith("error:")
 
 
