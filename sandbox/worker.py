@@ -263,9 +263,11 @@ class Worker:
 
         rows = []
         for name, compiled in self.watch.compiled.items():
-            rows.append(dict(assemble.triton_kernel_resources(compiled), source="triton"))
+            rows.append(dict(assemble.triton_kernel_resources(compiled), source="triton",
+                             sass=assemble.sass_of(compiled.asm["cubin"]) if "cubin" in compiled.asm else None))
         for name, kernel in getattr(self, "_ptx_objects", {}).items():
-            row = dict(kernel.resources, kernel=name, source="ptxas", spills=kernel.resources["spill_stores_bytes"] // 4)
+            row = dict(kernel.resources, kernel=name, source="ptxas", spills=kernel.resources["spill_stores_bytes"] // 4,
+                       sass=assemble.sass_of(kernel.assembly.cubin))
             if kernel.last_launch:  # what the launch asked for decides occupancy as much as what ptxas reports
                 row["threads"] = kernel.last_launch["threads"]
                 row["shared_bytes"] = kernel.resources["shared_bytes"] + kernel.last_launch["shared_mem"]

@@ -160,3 +160,15 @@ def test_illegal_address_is_contained_and_the_gpu_stays_usable(tiny, pool):
     r = judge(tiny, "out_of_bounds", pool)
     assert r["verdict"] == "runtime_error", r["reasons"]
     assert judge(tiny, "honest_add", pool)["verdict"] == "correct"
+
+
+def test_ptx_candidate_is_assembled_everywhere_and_run_where_there_is_a_gpu(pool):
+    source = (REPO / "agent" / "kernels" / "vector_add" / "ptx_vec4.py").read_text()
+    r = evaluate(load_target("vector_add"), source, EvalSettings(baselines=("eager",)), pool)
+    assert r["language"] == "ptx" and r["resources"][0]["registers"] > 0 and "sm_90" in r["sass"]["vector_add"]
+    assert ".entry vector_add" in r["ptx"]["vector_add"]
+    if HAS_GPU:
+        assert r["verdict"] == "correct" and r["time_us"]["median"] > 0 and r["resources"][0]["occupancy"] > 0
+    else:
+        assert r["verdict"] == "runtime_error" and r["reasons"][0].startswith("not run") and r["time_us"] is None
+        assert "assembled for sm_90" in r["timing_note"]

@@ -411,9 +411,11 @@ class Evaluation:
     def _take_resources(self, reply: dict) -> None:
         self.result["resources"] = reply.get("resources", self.result["resources"])
         self.result["ptx"].update(reply.get("ptx", {}))
-        for row in self.result["resources"]:  # Triton's PTX sits in its row: keep one copy, under result["ptx"]
-            if row.get("ptx"):
-                self.result["ptx"][row.get("kernel", "kernel")] = row.pop("ptx")
+        for row in self.result["resources"]:  # PTX and SASS sit in each kernel's row: keep them once, by kernel
+            for listing in ("ptx", "sass"):
+                text = row.pop(listing, None)
+                if text:
+                    self.result[listing][row.get("kernel", "kernel")] = text
         logs = [r.get("log", "") for r in self.result["resources"] if r.get("log")]
         if logs:
             self.result["compile_log"] = "\n".join(logs)
