@@ -94,6 +94,11 @@ def print_summary(r: dict) -> None:
         console.print(f"kernel {res.get('kernel')}: " + ", ".join(
             f"{k}={res[k]}" for k in ("registers", "spills", "shared_bytes", "num_warps", "num_stages", "occupancy")
             if res.get(k) is not None), highlight=False)
+    for kernel, c in (r.get("ncu") or {}).items():
+        stalls = ", ".join(f"{name} {value:.1f}" for name, value in c.get("top_stalls") or [])
+        console.print(f"ncu {kernel}: {c.get('gpu_time_us', 0):.1f} us, DRAM {c.get('dram_pct', 0):.0f}%, "
+                      f"SM {c.get('sm_pct', 0):.0f}%, achieved occupancy {c.get('achieved_occupancy_pct', 0):.0f}%, "
+                      f"L2 hit {c.get('l2_hit_pct', 0):.0f}%; top stalls: {stalls or '-'}", highlight=False)
     if r.get("flags"):
         console.print(f"flags: {', '.join(r['flags'])}")
 

@@ -172,3 +172,22 @@ def test_ptx_candidate_is_assembled_everywhere_and_run_where_there_is_a_gpu(pool
     else:
         assert r["verdict"] == "runtime_error" and r["reasons"][0].startswith("not run") and r["time_us"] is None
         assert "assembled for sm_90" in r["timing_note"]
+
+
+def test_summary_shows_timings_roofline_and_nsight_counters(capsys):
+    from agent.cmd_eval import console, print_summary
+
+    timing = {"median": 136.6, "iqr": 0.9}
+    result = {"verdict": "correct", "language": "ptx", "executed_on": "cuda", "reasons": [],
+              "correctness": {"trials": 9, "shapes": 3, "max_abs_err": 4.8e-7}, "time_us": timing,
+              "baselines": {"eager": {"median": 129.9, "iqr": 1.2}, "compile": {"median": 129.7}},
+              "speedup": {"eager": 0.95, "compile": 0.95}, "timing_note": None, "flags": ["throttled"],
+              "roofline": {"sol_us": 111.5, "bound": "memory", "sol_fraction": 0.82},
+              "resources": [{"kernel": "gelu", "registers": 32, "spills": 0, "occupancy": 1.0}],
+              "ncu": {"gelu": {"gpu_time_us": 127.4, "dram_pct": 83.7, "sm_pct": 44.5, "achieved_occupancy_pct": 82.5,
+                               "l2_hit_pct": 50.4, "top_stalls": [["long_scoreboard", 24.5], ["wait", 1.1]]}}}
+    with console.capture() as captured:
+        print_summary(result)
+    text = captured.get()
+    assert "136.60" in text and "derived from eager" in text and "reached 82%" in text and "registers=32" in text
+    assert "ncu gelu: 127.4 us, DRAM 84%" in text and "long_scoreboard 24.5" in text and "flags: throttled" in text
