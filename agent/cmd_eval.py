@@ -53,7 +53,8 @@ def check_reference(target) -> None:
     """A target whose own reference fails is the user's problem, said in one line before any candidate runs."""
     import torch
 
-    from tools.evaluate import DEVICE, EvalSettings, make_inputs
+    from tools.evaluate import EvalSettings
+    from tools.inputs import DEVICE, make_inputs
     from tools.target import TargetError
 
     small = EvalSettings().small
@@ -61,7 +62,7 @@ def check_reference(target) -> None:
         try:
             with target.overrides(shape), torch.no_grad():
                 model = target.module.Model(*target.module.get_init_inputs()).to(DEVICE)
-                model(*make_inputs(target, 0))
+                model(*make_inputs(target.module, 0))
         except TargetError:
             raise
         except Exception as e:

@@ -19,22 +19,11 @@ import torch
 import triton  # noqa: F401  (imported while warm, so a candidate's first import costs nothing)
 
 from sandbox import harness
+from tools.inputs import DEVICE, make_inputs, round_seed
 from tools.numerics import pin_numeric_flags
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def make_inputs(target, seed: int) -> list:
-    """Inputs for one call, the same way the trusted side makes them: seeded, created on the device."""
-    torch.manual_seed(seed)
-    with torch.device(DEVICE):
-        inputs = target.get_inputs()
-    return [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-def round_seed(seed: int, round_index: int) -> int:
-    """The input seed of one timing round; the trusted side derives the same to check the rounds it kept."""
-    return (seed * 1_000_003 + round_index) % (1 << 62)
 
 
 def _import_file(path: str, name: str):

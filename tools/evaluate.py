@@ -24,13 +24,12 @@ import torch
 
 from sandbox.ipc import share_buffer
 from sandbox.pool import WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout, scrubbed_env
-from sandbox.worker import round_seed
 from tools import profile, rules, verify
+from tools.inputs import DEVICE, make_inputs, round_seed
 from tools.numerics import pin_numeric_flags
 from tools.target import Target
 
 VERDICTS = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected")
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 NO_GPU_NOTE = "no CUDA GPU: Triton ran under TRITON_INTERPRET=1 on CPU tensors at small shapes; no timing is real"
 
 
@@ -71,12 +70,6 @@ def derive_seed(secret: int, *parts) -> int:
     return int.from_bytes(digest[:8], "little") >> 2
 
 
-def make_inputs(target: Target, seed: int) -> list:
-    """Must match sandbox.worker.make_inputs: both sides create the same inputs from the same seed."""
-    torch.manual_seed(seed)
-    with torch.device(DEVICE):
-        inputs = target.module.get_inputs()
-    return [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def _encode(values: dict) -> dict:
@@ -172,7 +165,7 @@ class Evaluation:
                 for trial in range(count):
                     seed = derive_seed(self.settings.seed, "trial", index, trial)
                     with torch.no_grad():
-                        expected = verify_outputs_of(reference, make_inputs(self.target, seed))
+                        expected = verify_outputs_of(reference, make_inputs(self.target.module, seed))
                     lent = self._lend(index, expected) if DEVICE.type == "cuda" else []
                     reply = self._call(self.settings.run_timeout_s, cmd="trial", shape=index, seed=seed,
                                        out_prefix=str(self.worker.workdir / f"out-{index}-{trial}"),
@@ -249,7 +242,7 @@ class Evaluation:
             init_inputs = self.target.module.get_init_inputs()
             torch.manual_seed(self.init_seed)
             reference = self.target.module.Model(*init_inputs).to(DEVICE)
-            inputs = make_inputs(self.target, main_inputs_seed)
+            inputs = make_inputs(self.target.module, main_inputs_seed)
             with torch.no_grad():
                 outputs = verify_outputs_of(reference, inputs)
             nbytes, flops = profile.count_bytes_and_flops(reference, inputs, outputs)
@@ -296,7 +289,7 @@ class Evaluation:
         calls = self.settings.timed_calls
         keep_rounds = sorted(secrets.SystemRandom().sample(range(calls), min(KEPT_ROUNDS, calls)))
         with self.target.overrides(self.shapes[0]), torch.no_grad():
-            expected = verify_outputs_of(reference, make_inputs(self.target, round_seed(seed, 0)))
+            expected = verify_outputs_of(reference, make_inputs(self.target.module, round_seed(seed, 0)))
         lent = [self._lend(("time", r), expected) for r in range(len(keep_rounds))]
         before = profile.nvml_snapshot()
         baselines = list(self.settings.baselines)
@@ -346,7 +339,8 @@ class Evaluation:
         worst = {"max_abs_err": 0.0, "max_rel_err": 0.0}
         for entry, bufs in zip(kept, lent):
             with self.target.overrides(self.shapes[0]), torch.no_grad():
-                expected = verify_outputs_of(reference, make_inputs(self.target, round_seed(seed, entry["round"])))
+                round_inputs = make_inputs(self.target.module, round_seed(seed, entry["round"]))
+                expected = verify_outputs_of(reference, round_inputs)
             reasons = self._compare(entry.get("outputs", []), expected, [buf for buf, _ in bufs], worst)
             self._discard_files(entry)
             if reasons:
