@@ -1,10 +1,41 @@
-"""Built-in targets: registry, kloop extras, and every reference Model at its CPU and hidden shapes."""
+"""Targets: built-in registry and kloop extras, shapes as overrides re-executed from source, and the shapes derived
+for KernelBench-style files (tests/targets/kb_*.py; the real KernelBench level 1 in the slow test)."""
+import json
+import math
+import re
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
-from tools.target import load_target
+from tools.target import SMALL_ELEMENTS, TargetError, load_target, module_from_source, size_constants
 from tools.targets import BUILTIN_TARGETS, path_of
 
+HERE = Path(__file__).resolve().parent
+KB = {name: HERE / "targets" / f"kb_{name}.py" for name in
+      ("leaky_relu", "row_cumsum", "grouped_conv", "cross_entropy", "inline_sizes")}
+KERNELBENCH_LEVEL1 = HERE.parent / "kernelbench" / "level1"
+
+
+def _run(target, shape, device="cpu"):
+    module = target.module_for(shape)
+    torch.manual_seed(0)
+    with torch.device(device), torch.no_grad():
+        inputs = module.get_inputs()
+        out = module.Model(*module.get_init_inputs())(*inputs)
+    return inputs, out
+
+
+def _elements(target, shape):
+    return sum(x.numel() for x in _run(target, shape, "meta")[0] if isinstance(x, torch.Tensor))
+
+
+def _is_prime(n):
+    return n > 1 and all(n % d for d in range(2, math.isqrt(n) + 1))
+
+
+# --- built-ins -------------------------------------------------------------------------------------------------
 
 def test_registry_lists_existing_files_and_rejects_unknown_names():
     assert len(BUILTIN_TARGETS) == len(set(BUILTIN_TARGETS)) == 8
@@ -15,21 +46,18 @@ def test_registry_lists_existing_files_and_rejects_unknown_names():
 
 
 @pytest.mark.parametrize("name", BUILTIN_TARGETS)
-def test_extras_override_existing_globals(name):
-    module = load_target(name).module
+def test_builtin_extras_win_and_are_json(name):
+    target = load_target(name)
+    module = target.module
     assert isinstance(module.KLOOP_DESCRIPTION, str) and "\n" not in module.KLOOP_DESCRIPTION
-    overrides = [module.KLOOP_SMALL, *module.KLOOP_VARIANTS, *module.KLOOP_SMALL_VARIANTS]
-    for override in overrides:
-        assert set(override) <= set(vars(module)), f"{name}: {override} names a missing global"
-
-
-def _run(target, shape):
-    with target.overrides(shape):
-        model = target.module.Model(*target.module.get_init_inputs())
-        inputs = target.module.get_inputs()
-        with torch.no_grad():
-            out = model(*inputs)
-    return inputs, out
+    assert target.shapes(small=False)[1:] == [dict(v) for v in module.KLOOP_VARIANTS]
+    small = target.shapes(small=True)
+    assert small[0].keys() == module.KLOOP_SMALL.keys()
+    assert small[1:] == [{**small[0], **v} for v in module.KLOOP_SMALL_VARIANTS]
+    assert "KLOOP_VARIANTS" in target.shape_note(False) and "KLOOP_SMALL_VARIANTS" in target.shape_note(True)
+    for shape in target.shapes(False) + small:
+        assert json.loads(json.dumps(shape)) == shape
+        target.module_for(shape)  # every override names a module-level assignment
 
 
 @pytest.mark.parametrize("name", BUILTIN_TARGETS)
@@ -37,7 +65,6 @@ def test_model_runs_at_every_cpu_shape(name):
     target = load_target(name)
     for shape in target.shapes(small=True):
         inputs, out = _run(target, shape)
-        assert all(t.device.type == "cpu" for t in inputs)
         assert torch.isfinite(out.float()).all()
         assert out.dtype == inputs[0].dtype
 
@@ -45,19 +72,171 @@ def test_model_runs_at_every_cpu_shape(name):
 @pytest.mark.parametrize("name", BUILTIN_TARGETS)
 def test_hidden_variants_have_the_expected_output_shape(name):
     target = load_target(name)
-    module = target.module
-    for variant in module.KLOOP_VARIANTS:
-        with target.overrides(variant):
-            rows = getattr(module, "ROWS", getattr(module, "M", None))
-            cols = getattr(module, "COLS", getattr(module, "N", None))
-        _, out = _run(target, variant)
-        expected = {"vector_add": (variant.get("N"),), "gelu": (variant.get("N"),), "row_sum": (rows,)}
+    for variant in target.shapes(small=False)[1:]:
+        module = target.module_for(variant)
+        rows = getattr(module, "ROWS", getattr(module, "M", None))
+        cols = getattr(module, "COLS", getattr(module, "N", None))
+        _, out = _run(target, variant, "meta")
+        expected = {"vector_add": (cols,), "gelu": (cols,), "row_sum": (rows,)}
         assert out.shape == expected.get(name, (rows, cols))
 
 
-def test_bf16_targets_read_their_dtype_from_a_global_and_run_fp16_small():
+def test_bf16_targets_run_fp16_small_from_a_dtype_string():
     for name in ("matmul_bf16", "matmul_bias_relu"):
         target = load_target(name)
         assert target.module.DTYPE is torch.bfloat16
-        inputs, out = _run(target, target.shapes(small=True)[0])
+        small = target.shapes(small=True)[0]
+        assert small["DTYPE"] == "torch.float16"
+        inputs, out = _run(target, small)
         assert inputs[0].dtype == out.dtype == torch.float16
+        assert "DTYPE=torch.float16" in target.describe_shape(small)
+
+
+# --- module_from_source ----------------------------------------------------------------------------------------
+
+def test_module_from_source_gives_bit_identical_inputs_in_separate_calls():
+    source = KB["cross_entropy"].read_text()
+    made = []
+    for name in ("one_process", "another_process"):
+        module = module_from_source(source, {"batch_size": 33, "num_classes": 17}, name)
+        torch.manual_seed(1234)
+        made.append(module.get_inputs())
+    for a, b in zip(*made):
+        assert a.shape == b.shape and torch.equal(a, b)
+
+
+def test_derived_constants_follow_their_overrides():
+    target = load_target(str(KB["cross_entropy"]))
+    module = target.module_for({"num_classes": 37})
+    assert module.input_shape == (37,) and target.module.input_shape == (1000,)
+    predictions, labels = _run(target, {"num_classes": 37, "batch_size": 50})[0]
+    assert predictions.shape == (50, 37) and labels.max() < 37
+    assert target.module_for({"num_classes": 37}) is module  # cached per shape
+    # A list replaces a tuple as a tuple.
+    assert load_target(str(KB["row_cumsum"])).module_for({"input_shape": [77]}).input_shape == (77,)
+
+
+def test_overrides_split_chained_and_annotated_assignments():
+    source = "import torch\nheight = width = 128\nrows: int = 4\nDTYPE = None\narea = height * width\n"
+    module = module_from_source(source, {"height": 3, "rows": 5, "DTYPE": "torch.float16"})
+    assert (module.height, module.width, module.area, module.rows, module.DTYPE) == (3, 128, 384, 5, torch.float16)
+
+
+def test_bad_overrides_raise_one_line_target_errors():
+    source = KB["leaky_relu"].read_text()
+    for overrides in ({"batch_sise": 3}, {"dim": (1, 2)}, {"dim": torch.float16}):
+        with pytest.raises(TargetError) as info:
+            module_from_source(source, overrides)
+        assert "\n" not in str(info.value)
+    with pytest.raises(TargetError, match="batch_sise"):
+        module_from_source(source, {"batch_sise": 3})
+
+
+# --- derived shapes ------------------------------------------------------------------------------------------
+
+def test_size_constants_are_what_get_inputs_reads():
+    assert size_constants(KB["leaky_relu"].read_text()) == {"batch_size": 256, "dim": 3072}
+    assert size_constants(KB["row_cumsum"].read_text()) == {"batch_size": 512, "input_shape": (3000,)}
+    # out_channels, kernel_size, stride, padding and groups reach only Model: hyper-parameters.
+    assert size_constants(KB["grouped_conv"].read_text()) == {"batch_size": 16, "in_channels": 32, "height": 64,
+                                                               "width": 48}
+    assert size_constants(KB["cross_entropy"].read_text()) == {"batch_size": 1024, "num_classes": 1000}
+    assert size_constants(KB["inline_sizes"].read_text()) == {}
+
+
+@pytest.mark.parametrize("name", [n for n in KB if n != "inline_sizes"])
+def test_derived_shapes_change_only_sizes_and_run_on_the_cpu(name):
+    target = load_target(str(KB[name]))
+    sizes = size_constants(target.source)
+    main, variants = target.shapes(small=False)[0], target.shapes(small=False)[1:]
+    small = target.shapes(small=True)
+    assert main == {} and len(variants) == 2 and len(small) == 3
+    main_elements = _elements(target, {})
+    for shape in variants + small:
+        assert set(shape) <= set(sizes)  # hyper-parameters never change
+        assert json.loads(json.dumps(shape)) == shape
+        assert _elements(target, shape) < main_elements
+        _, out = _run(target, shape)
+        assert torch.isfinite(out.float()).all()
+    for shape in small:
+        assert _elements(target, shape) <= SMALL_ELEMENTS
+    assert target.shapes(small=False) == load_target(str(KB[name])).shapes(small=False)  # deterministic
+
+
+def test_hidden_variants_are_odd_then_prime_and_smaller():
+    target = load_target(str(KB["leaky_relu"]))
+    odd, prime = target.shapes(small=False)[1:]
+    assert odd == {"batch_size": 85, "dim": 1025} and all(v % 2 for v in odd.values())
+    assert all(_is_prime(v) for v in prime.values()) and prime["dim"] < odd["dim"]
+    assert target.shape_note(False) == "2 hidden variant(s) derived from batch_size, dim (odd, prime)"
+    small, small_odd, small_prime = target.shapes(small=True)
+    assert small == {"batch_size": 32, "dim": 384}
+    assert all(v % 2 for v in small_odd.values()) and all(_is_prime(v) for v in small_prime.values())
+    assert target.shape_note(True).startswith("CPU sizes derived from batch_size, dim (x1/8, 12288 input elements)")
+    assert target.describe_shape({}) == "batch_size=256, dim=3072"
+    rows = load_target(str(KB["row_cumsum"]))
+    assert [s["input_shape"] for s in rows.shapes(small=False)[1:]] == [[1001], [601]]
+    assert rows.module_for(rows.shapes(small=False)[1]).dim == 1  # the axis stays
+    assert rows.describe_shape({}) == "batch_size=512, input_shape=(3000,)"
+
+
+def test_grouped_conv_variants_keep_channels_divisible_by_groups():
+    target = load_target(str(KB["grouped_conv"]))
+    for shape in target.shapes(small=False)[1:] + target.shapes(small=True):
+        module = target.module_for(shape)
+        assert module.in_channels % module.groups == 0
+        assert (module.out_channels, module.kernel_size, module.stride, module.groups) == (96, 3, 2, 4)
+    odd, prime = target.shapes(small=False)[1:]
+    assert (odd["height"], odd["width"], odd["in_channels"]) == (21, 17, 12)  # 11 channels fall back to 12
+    assert _is_prime(prime["height"]) and _is_prime(prime["width"])
+
+
+def test_sizes_written_inline_give_the_main_shape_only():
+    target = load_target(str(KB["inline_sizes"]))
+    assert target.shapes(small=False) == target.shapes(small=True) == [{}]
+    assert target.shape_note(True) == "no size constants found: the main shape only"
+    assert target.describe_shape({}) == "the sizes written in get_inputs()"
+    assert load_target(str(HERE / "targets" / "broken_inputs.py")).shapes(small=True) == [{}]
+
+
+def test_explicit_small_shape_wins_and_variants_derive_from_it(tmp_path):
+    path = tmp_path / "with_small.py"
+    path.write_text(KB["leaky_relu"].read_text() + '\nKLOOP_SMALL = {"batch_size": 8, "dim": 100}\n')
+    target = load_target(str(path))
+    assert target.shapes(small=True) == [{"batch_size": 8, "dim": 100}, {"batch_size": 3, "dim": 33},
+                                         {"batch_size": 5, "dim": 23}]
+    assert target.shape_note(True).startswith("sizes from KLOOP_SMALL; 2 hidden variant(s) derived")
+
+
+def test_a_reference_without_meta_kernels_is_checked_on_the_cpu(tmp_path):
+    path = tmp_path / "no_meta.py"
+    path.write_text(KB["leaky_relu"].read_text().replace(
+        "return torch.nn.functional.leaky_relu(x, self.negative_slope)",
+        "return x * x.abs().max().item()"))  # .item() has no value on the meta device
+    target = load_target(str(path))
+    assert target.shapes(small=False) == [{}]
+    assert "meta" in target.shape_note(False)
+    small = target.shapes(small=True)
+    assert small[0] == {"batch_size": 32, "dim": 384} and len(small) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not KERNELBENCH_LEVEL1.is_dir(), reason="KernelBench is not checked out in kernelbench/")
+def test_every_kernelbench_level1_problem_gets_shapes():
+    files = sorted(KERNELBENCH_LEVEL1.glob("*.py"), key=lambda p: int(re.match(r"\d+", p.name).group()))
+    assert len(files) == 100
+    counts, slowest, started = {}, (0.0, ""), time.perf_counter()
+    for path in files:
+        target = load_target(str(path))
+        main = target.shapes(small=False)
+        assert main[0] == {}
+        counts[len(main) - 1] = counts.get(len(main) - 1, 0) + 1
+        for shape in target.shapes(small=True):
+            began = time.perf_counter()
+            _, out = _run(target, shape)
+            took = time.perf_counter() - began
+            assert took < 10, f"{path.name} at {shape}: {took:.1f} s"
+            slowest = max(slowest, (took, f"{path.name} {shape}"))
+    print(f"\nhidden variants per file: {counts}; slowest small shape {slowest[0]:.2f} s ({slowest[1]}); "
+          f"{time.perf_counter() - started:.0f} s in all")
+    assert sum(n for k, n in counts.items() if k >= 1) >= 90
