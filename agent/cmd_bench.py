@@ -61,7 +61,7 @@ def run_bench(store, names: list[str], minutes_per_target: float, max_attempts: 
     import torch
 
     from tools import bench
-    from tools.evaluate import NO_GPU_NOTE, EvalSettings, evaluate, versions
+    from sandbox.evaluate import NO_GPU_NOTE, EvalSettings, evaluate, versions
     from tools.profile import gpu_info
     from tools.store import now
 

@@ -42,7 +42,7 @@ def replay_command(
     attempts: str = typer.Option("best", help="best, correct or all"),
 ) -> None:
     """Re-verify and re-time a run's attempts on this machine; store them as a new linked run and compare."""
-    from tools.replay import ReplayError, comparison_table, replay
+    from agent.reverify import ReplayError, comparison_table, replay
 
     console = Console()
 

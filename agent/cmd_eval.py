@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tools.result import EvalResult
+
 console = Console()
 
 
@@ -29,7 +31,7 @@ def eval_command(
     ncu: bool = typer.Option(False, "--ncu", help="Collect Nsight Compute counters for the candidate's own kernels."),
 ) -> None:
     """Judge one candidate kernel against one target: verify, then time on the GPU."""
-    from tools.evaluate import EvalSettings, evaluate
+    from sandbox.evaluate import EvalSettings, evaluate
     from tools.target import TargetError, load_target
 
     if not candidate.is_file():
@@ -43,26 +45,25 @@ def eval_command(
                             baselines=("eager", "compile") if compile_baseline else ("eager",))
     result = evaluate(tgt, candidate.read_text(), settings)
     if as_json:
-        print(json.dumps(result, default=str))
+        print(json.dumps(result.to_dict(), default=str))
     else:
         print_summary(result)
-    raise typer.Exit(0 if result["verdict"] == "correct" else 1)
+    raise typer.Exit(0 if result.correct else 1)
 
 
 def check_reference(target) -> None:
     """A target whose own reference fails is the user's problem, said in one line before any candidate runs."""
     import torch
 
-    from tools.evaluate import EvalSettings
     from tools.inputs import DEVICE, make_inputs
     from tools.target import TargetError
 
-    small = EvalSettings().small
-    for shape in target.shapes(small):
+    for shape in target.shapes(small=DEVICE.type != "cuda"):
         try:
-            with target.overrides(shape), torch.no_grad():
-                model = target.module.Model(*target.module.get_init_inputs()).to(DEVICE)
-                model(*make_inputs(target.module, 0))
+            module = target.module_for(shape)
+            with torch.no_grad():
+                model = module.Model(*module.get_init_inputs()).to(DEVICE)
+                model(*make_inputs(module, 0))
         except TargetError:
             raise
         except Exception as e:
@@ -70,38 +71,39 @@ def check_reference(target) -> None:
                               f"{type(e).__name__}: {e}".splitlines()[0]) from None
 
 
-def print_summary(r: dict) -> None:
-    color = {"correct": "green", "incorrect": "red", "rejected": "magenta"}.get(r["verdict"], "yellow")
-    console.print(f"verdict: [bold {color}]{r['verdict']}[/]  language: {r['language']}  ran on: {r['executed_on']}")
-    for reason in r["reasons"]:
+def print_summary(r: EvalResult) -> None:
+    color = {"correct": "green", "incorrect": "red", "rejected": "magenta"}.get(r.verdict, "yellow")
+    console.print(f"verdict: [bold {color}]{r.verdict}[/]  language: {r.language}  ran on: {r.executed_on}")
+    for reason in r.reasons:
         console.print(f"  - {reason}", highlight=False)
-    if r.get("correctness"):
-        c = r["correctness"]
-        console.print(f"correctness: {c['trials']} trials over {c['shapes']} shapes, max abs error {c['max_abs_err']:.3g}")
-    if r.get("time_us"):
-        t = r["time_us"]
+    if r.correctness:
+        c = r.correctness
+        console.print(f"correctness: {c.trials} trials over {c.shapes} shapes, max abs error {c.max_abs_err:.3g}")
+    if r.time_us:
         table = Table("", "median us", "IQR us", "speedup")
-        table.add_row("candidate", f"{t['median']:.2f}", f"{t['iqr']:.2f}", "")
-        for name, b in (r.get("baselines") or {}).items():
-            spread = f"{b['iqr']:.2f}" if "iqr" in b else "derived from eager"
-            table.add_row(name, f"{b['median']:.2f}", spread, f"{r['speedup'].get(name, 0):.2f}x")
+        table.add_row("candidate", f"{r.time_us.median:.2f}", f"{r.time_us.iqr or 0:.2f}", "")
+        for name, b in (r.baselines or {}).items():
+            spread = "derived from eager" if b.derived_from_eager else f"{b.iqr or 0:.2f}"
+            table.add_row(name, f"{b.median:.2f}", spread, f"{r.speedup_over(name) or 0:.2f}x")
         console.print(table)
-        roof = r.get("roofline") or {}
-        if roof.get("sol_fraction") is not None:
-            console.print(f"speed of light: {roof['sol_us']:.2f} us ({roof['bound']}-bound); reached {roof['sol_fraction']:.0%}")
-    if r.get("timing_note"):
-        console.print(f"[dim]{r['timing_note']}[/]")
-    for res in r.get("resources") or []:
-        console.print(f"kernel {res.get('kernel')}: " + ", ".join(
-            f"{k}={res[k]}" for k in ("registers", "spills", "shared_bytes", "num_warps", "num_stages", "occupancy")
-            if res.get(k) is not None), highlight=False)
-    for kernel, c in (r.get("ncu") or {}).items():
-        stalls = ", ".join(f"{name} {value:.1f}" for name, value in c.get("top_stalls") or [])
-        console.print(f"ncu {kernel}: {c.get('gpu_time_us', 0):.1f} us, DRAM {c.get('dram_pct', 0):.0f}%, "
-                      f"SM {c.get('sm_pct', 0):.0f}%, achieved occupancy {c.get('achieved_occupancy_pct', 0):.0f}%, "
-                      f"L2 hit {c.get('l2_hit_pct', 0):.0f}%; top stalls: {stalls or '-'}", highlight=False)
-    if r.get("flags"):
-        console.print(f"flags: {', '.join(r['flags'])}")
+        roof = r.roofline
+        if roof and roof.sol_fraction is not None:
+            console.print(f"speed of light: {roof.sol_us:.2f} us ({roof.bound}-bound); reached {roof.sol_fraction:.0%}")
+    if r.timing_note:
+        console.print(f"[dim]{r.timing_note}[/]")
+    for res in r.resources:
+        console.print(f"kernel {res.kernel}: " + ", ".join(
+            f"{k}={getattr(res, k)}" for k in ("registers", "spills", "shared_bytes", "num_warps", "num_stages",
+                                               "occupancy") if getattr(res, k) is not None), highlight=False)
+    for kernel, c in (r.ncu or {}).items():
+        stalls = ", ".join(f"{name} {value:.1f}" for name, value in c.top_stalls)
+        console.print(f"ncu {kernel}: {c.gpu_time_us or 0:.1f} us, DRAM {c.dram_pct or 0:.0f}%, "
+                      f"SM {c.sm_pct or 0:.0f}%, achieved occupancy {c.achieved_occupancy_pct or 0:.0f}%, "
+                      f"L2 hit {c.l2_hit_pct or 0:.0f}%; top stalls: {stalls or '-'}", highlight=False)
+    if r.isolation and not r.isolation.startswith("bwrap"):
+        console.print(f"warning: the candidate ran with weaker isolation: {r.isolation}", highlight=False)
+    if r.flags:
+        console.print(f"flags: {', '.join(r.flags)}")
 
 
 def targets_command() -> None:

@@ -12,6 +12,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from agent.cmd_eval import fail
+from tools.result import EvalResult
 from tools.store import DEFAULT_DB
 
 POLICIES = ("offline", "anthropic", "openai", "replay")
@@ -233,18 +234,22 @@ def _run(store, run_id: str, settings: dict, tgt, policy) -> None:
 
 
 def run_graph(store, run_id: str, settings: dict, tgt, policy, gpu: dict | None, on_event) -> None:
-    """The loop itself, shared by `kloop optimize`, `resume` and `bench`: warm workers, the graph, checkpoints."""
+    """The loop itself, shared by `kloop optimize`, `resume` and `bench`: the evaluator's session, the graph."""
     from agent.graph import Loop, LoopSettings, run_loop
-    from sandbox.pool import WorkerPool
-    from tools.evaluate import DEVICE, EvalSettings, Evaluation
+    from sandbox.evaluate import DEVICE, EvalSettings, Session
 
-    eval_settings = EvalSettings()  # a fresh secret seed per session; it is never stored
-    # A worker takes seconds to start (torch, CUDA, Triton) and an evaluation on a GPU about one and a half:
-    # keep enough started ahead that a candidate rarely waits. The CPU machine has two cores to share.
-    spares = min(4 * settings["branches"], 8) if DEVICE.type == "cuda" else 1
-    with WorkerPool(spares=spares) as pool:
+    # A planner takes seconds to start (torch, CUDA, Triton): keep enough started ahead that a candidate rarely
+    # waits. The CPU machine has two cores to share. A fresh secret seed per session; it is never stored.
+    spares = min(2 * settings["branches"], 8) if DEVICE.type == "cuda" else 1
+    with Session(spares=spares, settings=EvalSettings()) as session:
+        store.update_run(run_id, isolation=session.isolation)
+        if session.weakly_isolated:
+            console.print(f"warning: candidates run with weaker isolation: {session.isolation}", highlight=False)
+        best = store.best_attempt(run_id)
+        if best is not None and (best["time_us"] or {}).get("median"):  # a resumed run: its best is the bar again
+            session.restore_best(tgt, best["source"], best["number"], best["time_us"]["median"])
         loop = Loop(store=store, run_id=run_id, policy=policy, gpu=gpu,
-                    evaluation=lambda source, language: Evaluation(tgt, source, eval_settings, pool),
+                    evaluation=lambda source: session.evaluation(tgt, source),
                     settings=LoopSettings(**{k: settings[k] for k in (
                         "max_attempts", "hours", "branches", "target_sol", "patience", "max_cost_usd", "max_tokens",
                         "language")}),
@@ -303,8 +308,8 @@ def _print_best(store, run_id: str) -> None:
     console.print(f"best verified kernel: attempt {best['number']} ({best['language']}), written to {path}",
                   highlight=False)
     console.print(Syntax(best["source"], "python", line_numbers=False, word_wrap=True))  # never crop code
-    result = best["result"] or {}
-    if result.get("executed_on") != "cuda":
+    result = EvalResult.from_dict(best["result"])
+    if result.executed_on != "cuda":
         console.print("no CUDA GPU: this was an interpreter run on CPU tensors, so no timing is real "
                       "(speedups and speed-of-light need a GPU)", highlight=False)
         return

@@ -24,9 +24,9 @@ from langgraph.types import Command, Send
 
 from agent.diagnose import diagnose
 from agent.policy import AttemptView, Message, Policy, PolicyError, Proposal, ProposeContext
+from tools.result import FAILED, EvalResult
 from tools.store import Store, attempt_columns, now
 
-FAILED = {"incorrect", "compile_error", "runtime_error", "timeout", "rejected"}
 # The graph's own verdict for a turn whose answer carried no usable candidate (not one of the evaluator's six).
 FORMAT_ERROR = "format_error"
 # Failed model calls in a row (each after the SDK's own retries) before the run gives up: an outage must not spin.
@@ -61,7 +61,7 @@ class Live:
     tool_results: list[dict] = field(default_factory=list)
     tool_rounds: int = 0
     evaluation: Any = None              # the evaluator's staged session (a context manager), entered at assemble
-    result: dict = field(default_factory=dict)
+    result: EvalResult = field(default_factory=EvalResult)
     diagnosis: str = ""
     reflection: str = ""
 
@@ -72,7 +72,7 @@ class Loop:
     store: Store
     run_id: str
     policy: Policy
-    evaluation: Callable[[str, str], Any]   # (source, language) -> staged Evaluation (assemble/verify/profile/result)
+    evaluation: Callable[[str], Any]        # source -> staged Evaluation (assemble/verify/profile/result/adopt_as_best)
     settings: LoopSettings
     target_name: str
     target_source: str
@@ -123,7 +123,7 @@ class Loop:
                                             proposal.tool_calls else "the proposal carried no candidate source")
             # Logged as an attempt (the model's answer is a negative example for training; the next turn's history
             # shows the model why), but never evaluated.
-            live.result = {"verdict": FORMAT_ERROR, "language": proposal.language, "reasons": [why]}
+            live.result = EvalResult(verdict=FORMAT_ERROR, language=proposal.language, reasons=[why])
             return Command(goto=Send("log", nxt))
         return Command(goto=Send("assemble", nxt))
 
@@ -180,14 +180,16 @@ class Loop:
         live = self.live.pop(lineage["key"], None)
         if live is None:
             return redo(lineage)
-        if live.evaluation is not None:
-            live.evaluation.__exit__(None, None, None)
-        number = self.commit(live, lineage["branch"])
+        try:
+            number = self.commit(live, lineage["branch"])
+        finally:
+            if live.evaluation is not None:
+                live.evaluation.__exit__(None, None, None)
         progress = self.store.progress(self.run_id)
-        emit("attempt", branch=lineage["branch"], number=number, verdict=live.result.get("verdict"),
-             speedup_eager=(live.result.get("speedup") or {}).get("eager"),
-             sol_fraction=(live.result.get("roofline") or {}).get("sol_fraction"),
-             reasons=live.result.get("reasons") or [], progress=progress, left=self.budget_left(progress))
+        r = live.result
+        emit("attempt", branch=lineage["branch"], number=number, verdict=r.verdict,
+             speedup_eager=r.speedup_over("eager"), sol_fraction=r.sol_fraction, reasons=r.reasons,
+             vs_best=r.vs_best, progress=progress, left=self.budget_left(progress))
         return Command(goto=Send("write", {"branch": lineage["branch"], "key": ""}))
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -198,12 +200,12 @@ class Loop:
             return redo(lineage)
         emit("stage", branch=lineage["branch"], stage=name)
         if name == "assemble":
-            live.evaluation = self.evaluation(live.proposal.source, live.proposal.language)
+            live.evaluation = self.evaluation(live.proposal.source)
             live.evaluation.__enter__()
         with contextlib.nullcontext() if name == "assemble" else self.measuring:
             getattr(live.evaluation, name)()
         live.result = live.evaluation.result
-        return Command(goto=Send("reflect" if live.result.get("verdict") in FAILED else after, lineage))
+        return Command(goto=Send("reflect" if live.result.verdict in FAILED else after, lineage))
 
     def stop_reason(self) -> str:
         """The first stop rule that holds now ('' if none); in-flight attempts count against max_attempts."""
@@ -247,14 +249,17 @@ class Loop:
         r = live.result
         return AttemptView(
             id=0, number=0, branch=branch, language=live.proposal.language, source=live.proposal.source,
-            verdict=r.get("verdict", ""), reasons=r.get("reasons") or [],
-            time_us=(r.get("time_us") or {}).get("median"), speedup_eager=(r.get("speedup") or {}).get("eager"),
-            speedup_compile=(r.get("speedup") or {}).get("compile"),
-            sol_fraction=(r.get("roofline") or {}).get("sol_fraction"), diagnosis=live.diagnosis, result=r)
+            verdict=r.verdict or "", reasons=r.reasons, time_us=r.median_us, speedup_eager=r.speedup_over("eager"),
+            speedup_compile=r.speedup_over("compile"), sol_fraction=r.sol_fraction, diagnosis=live.diagnosis,
+            result=r)
 
     def commit(self, live: Live, branch: int) -> int:
         """One transaction: the attempt, its messages, the run's best and (first time seen) its machine facts."""
         r, proposal = live.result, live.proposal
+        best = self.store.best_attempt(self.run_id)
+        new_best = r.correct and (best is None or beats(r, best))
+        if new_best and best is not None and r.vs_best is None and r.median_us is not None:
+            r.flags.append("new_best_unpaired")  # the standing best could not be re-timed beside it (a resumed run)
         columns = attempt_columns(r)
         columns["language"] = columns["language"] or proposal.language
         columns["durations"] = {**(columns["durations"] or {}), "attempt": time.monotonic() - live.started}
@@ -265,8 +270,14 @@ class Loop:
                 source=proposal.source, reasoning=proposal.reasoning, diagnosis=live.diagnosis,
                 reflection=live.reflection, **columns)
             facts = machine_facts(r, run)
-            self.store.update_run(self.run_id, best_attempt_id=self.store.progress(self.run_id)["best_id"], **facts)
-        return self.store.get_attempt(attempt_id)["number"]
+            if new_best:
+                facts["best_attempt_id"] = attempt_id
+            if facts:
+                self.store.update_run(self.run_id, **facts)
+        number = self.store.get_attempt(attempt_id)["number"]
+        if new_best and live.evaluation is not None:
+            live.evaluation.adopt_as_best(number)
+        return number
 
 
 class RunState(TypedDict):
@@ -333,13 +344,22 @@ def attempt_view(row: dict) -> AttemptView:
         source=row["source"] or "", verdict=row["verdict"] or "", reasons=row["reasons"] or [],
         time_us=(row["time_us"] or {}).get("median"), speedup_eager=row["speedup_eager"],
         speedup_compile=row["speedup_compile"], sol_fraction=row["sol_fraction"], diagnosis=row["diagnosis"] or "",
-        result=row["result"] or {})
+        result=EvalResult.from_dict(row["result"]))
 
 
-def machine_facts(result: dict, run: dict) -> dict:
+def beats(result: EvalResult, best: dict) -> bool:
+    """Whether a correct result takes the standing best's place: only by winning the paired re-measurement when
+    there was one; else (the best's plans are gone, or it was never timed) by its own median."""
+    if result.vs_best is not None:
+        return result.vs_best.outcome == "faster"
+    best_median = (best.get("time_us") or {}).get("median")
+    return result.median_us is not None and (best_median is None or result.median_us < best_median)
+
+
+def machine_facts(result: EvalResult, run: dict) -> dict:
     """Run columns filled from the first result that has them (GPU, versions, flags, baselines)."""
-    gpu = result.get("gpu") or {}
+    gpu = result.gpu or {}
+    baselines = {k: v.__dict__ for k, v in result.baselines.items()} if result.baselines else None
     facts = {"gpu_name": gpu.get("name"), "driver": gpu.get("driver"), "cuda": gpu.get("cuda"),
-             "versions": result.get("versions"), "numeric_flags": result.get("numeric_flags"),
-             "baselines": result.get("baselines")}
+             "versions": result.versions, "numeric_flags": result.numeric_flags, "baselines": baselines}
     return {k: v for k, v in facts.items() if v and not run.get(k)}

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tools.result import EvalResult
+
 
 @dataclass
 class AttemptView:
@@ -24,7 +26,7 @@ class AttemptView:
     speedup_compile: float | None
     sol_fraction: float | None
     diagnosis: str                 # the reflect node's reading of the counters
-    result: dict                   # the evaluator's whole result dict
+    result: EvalResult             # the evaluator's whole result
 
 
 @dataclass

@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from agent.policy import AttemptView, ProposeContext
+from tools.result import Counters, Resources
 from tools.rules import ALLOWED_IMPORTS, detect_language
 
 LANGUAGES = ("triton", "ptx")
@@ -115,16 +116,16 @@ def _budget_text(budget: dict) -> str:
 
 def _facts(view: AttemptView) -> dict:
     """The evaluator result flattened to short strings; anything missing is left out, never shown as None."""
-    result = view.result or {}
+    result = view.result
     facts = {"number": view.number, "language": view.language, "verdict": view.verdict,
              "reasons": list(view.reasons or []), "diagnosis": view.diagnosis, "source": view.source.strip(),
-             "flags": ", ".join(result.get("flags") or [])}
-    note = result.get("timing_note") or ""
+             "flags": ", ".join(result.flags)}
+    note = result.timing_note or ""
     facts["timing_note"] = note if note not in view.diagnosis else ""
-    timing = result.get("time_us")
+    timing = result.time_us
     if timing:
-        facts["time"] = (f"median {timing['median']:.2f} us (IQR {timing.get('q1', 0):.2f}-{timing.get('q3', 0):.2f}, "
-                         f"min {timing.get('min', 0):.2f}, n={timing.get('n', '?')})")
+        facts["time"] = (f"median {timing.median:.2f} us (IQR {timing.q1 or 0:.2f}-{timing.q3 or 0:.2f}, "
+                         f"min {timing.min or 0:.2f}, n={timing.n or '?'})")
     elif view.time_us is not None:
         facts["time"] = f"median {view.time_us:.2f} us"
     else:
@@ -132,57 +133,58 @@ def _facts(view: AttemptView) -> dict:
     speedups = [f"{value:.2f}x over {name}" for name, value in
                 (("eager", view.speedup_eager), ("torch.compile", view.speedup_compile)) if value is not None]
     facts["speedup"] = ", ".join(speedups)
-    roofline = result.get("roofline") or {}
-    if view.sol_fraction is not None:
-        facts["roofline"] = (f"{view.sol_fraction:.0%} ({roofline.get('bound', '?')}-bound; floor "
-                             f"{_num(roofline.get('sol_us'))} us for {_num(roofline.get('bytes'))} bytes, "
-                             f"{_num(roofline.get('flops'))} FLOP)")
+    if result.vs_best:
+        vs = result.vs_best
+        facts["speedup"] += (f"; against the best so far, re-timed side by side: {vs.ratio:.3f}x "
+                             f"(95% CI {vs.ci_low:.3f}-{vs.ci_high:.3f}), {vs.outcome}")
+    roofline = result.roofline
+    if view.sol_fraction is not None and roofline:
+        facts["roofline"] = (f"{view.sol_fraction:.0%} ({roofline.bound or '?'}-bound; floor "
+                             f"{_num(roofline.sol_us)} us for {_num(roofline.bytes)} bytes, "
+                             f"{_num(roofline.flops)} FLOP)")
     else:
         facts["roofline"] = ""
-    correctness = result.get("correctness") or {}
-    if correctness.get("max_abs_err") is not None:
-        error = f"max abs error {correctness['max_abs_err']:.3g}, max rel error {correctness.get('max_rel_err', 0):.3g}"
-        if correctness.get("worst"):
-            error += f"; worst: {_one_line(str(correctness['worst']), 300)}"
+    correctness = result.correctness
+    if correctness:
+        error = f"max abs error {correctness.max_abs_err:.3g}, max rel error {correctness.max_rel_err:.3g}"
+        if correctness.worst:
+            error += f"; worst: {_one_line(str(correctness.worst), 300)}"
         facts["error"] = error
     else:
         facts["error"] = ""
     # A kernel with no numbers (a CPU interpreter run) says nothing worth a line.
-    facts["resources"] = [line for line in map(_resource_line, result.get("resources") or []) if ": " in line]
-    nvml = result.get("nvml") or {}
+    facts["resources"] = [line for line in map(_resource_line, result.resources) if ": " in line]
+    nvml = result.nvml or {}
     facts["throttle"] = (f"throttled during timing ({', '.join(nvml.get('reasons') or ['reason unknown'])}): "
                          "timings may be pessimistic") if nvml.get("throttled") else ""
-    facts["ncu"] = [f"{name}: {_ncu_line(counters)}" for name, counters in (result.get("ncu") or {}).items()]
-    facts["compile_log"] = _clip(result.get("compile_log") or "") if view.verdict == "compile_error" else ""
-    facts["stderr"] = _clip(result.get("stderr") or "") if view.verdict == "runtime_error" else ""
+    facts["ncu"] = [f"{name}: {_ncu_line(counters)}" for name, counters in (result.ncu or {}).items()]
+    facts["compile_log"] = _clip(result.compile_log or "") if view.verdict == "compile_error" else ""
+    facts["stderr"] = _clip(result.stderr or "") if view.verdict == "runtime_error" else ""
     return facts
 
 
-def _resource_line(r: dict) -> str:
-    parts = [str(r.get("kernel", "?"))]
-    for key, label in (("registers", "registers"), ("spills", "spill bytes"), ("shared_bytes", "shared bytes"),
-                       ("num_warps", "warps"), ("num_stages", "stages"), ("threads", "threads")):
-        if r.get(key) is not None:
-            parts.append(f"{r[key]} {label}")
-    if r.get("occupancy") is not None:
-        parts.append(f"occupancy {r['occupancy']:.0%}" if isinstance(r["occupancy"], float) and r["occupancy"] <= 1
-                     else f"occupancy {r['occupancy']}")
+def _resource_line(r: Resources) -> str:
+    parts = [r.kernel]
+    for value, label in ((r.registers, "registers"), (r.spills, "spilled words"), (r.shared_bytes, "shared bytes"),
+                         (r.num_warps, "warps"), (r.num_stages, "stages"), (r.threads, "threads")):
+        if value is not None:
+            parts.append(f"{value} {label}")
+    if r.occupancy is not None:
+        parts.append(f"occupancy {r.occupancy:.0%}")
     return ": ".join([parts[0], ", ".join(parts[1:])]) if len(parts) > 1 else parts[0]
 
 
-def _ncu_line(counters: dict) -> str:
+def _ncu_line(counters: Counters) -> str:
     parts = []
-    for key, label in (("dram_pct", "DRAM"), ("sm_pct", "SM"), ("l2_hit_pct", "L2 hit")):
-        if counters.get(key) is not None:
-            parts.append(f"{label} {counters[key]:.0f}%")
-    if counters.get("achieved_occupancy") is not None:
-        parts.append(f"achieved occupancy {counters['achieved_occupancy']:.0f}%")
-    if counters.get("gpu_time_us") is not None:
-        parts.append(f"{counters['gpu_time_us']:.2f} us")
-    stalls = counters.get("stalls") or {}
-    if stalls:
-        top = sorted(stalls.items(), key=lambda kv: -(kv[1] or 0))[:3]
-        parts.append("top stalls " + ", ".join(f"{k} {v:.0f}%" for k, v in top))
+    for value, label in ((counters.dram_pct, "DRAM"), (counters.sm_pct, "SM"), (counters.l2_hit_pct, "L2 hit"),
+                         (counters.achieved_occupancy_pct, "achieved occupancy")):
+        if value is not None:
+            parts.append(f"{label} {value:.0f}%")
+    if counters.gpu_time_us is not None:
+        parts.append(f"{counters.gpu_time_us:.2f} us")
+    if counters.stalls:
+        top = sorted(counters.stalls.items(), key=lambda kv: -(kv[1] or 0))[:3]
+        parts.append("top stalls (warps stalled per issued instruction) " + ", ".join(f"{k} {v:.2f}" for k, v in top))
     return ", ".join(parts)
 
 

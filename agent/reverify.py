@@ -55,7 +55,7 @@ def select_attempts(store: Store, run: dict, which: str) -> list[dict]:
         return attempts
     if which == "correct":
         return [a for a in attempts if a.get("verdict") == "correct"]
-    best_id = run.get("best_attempt_id") or (store.best_attempt(run["id"]) or {}).get("id")
+    best_id = run.get("best_attempt_id")
     return [a for a in attempts if a["id"] == best_id]
 
 
@@ -90,8 +90,7 @@ def _target_from_source(run: dict, directory: Path):
 def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", settings=None,
            on_attempt: Callable[[ReplayRow], None] = lambda row: None) -> ReplayOutcome:
     """Evaluate the chosen attempts again (fresh secret seed unless `settings` says otherwise) and store them."""
-    from sandbox.pool import WorkerPool
-    from tools.evaluate import EvalSettings, evaluate
+    from sandbox.evaluate import EvalSettings, Session
 
     settings = settings or EvalSettings()   # one secret seed for the whole replay
     if which not in WHICH:
@@ -105,17 +104,20 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
         chosen = select_attempts(store, run, which)
         if not chosen:
             raise ReplayError(f"run {run_id} has no {'' if which == 'all' else which + ' '}attempt to replay")
-        with tempfile.TemporaryDirectory(prefix="kloop-replay-") as tmp, WorkerPool(spares=1) as pool:
+        with tempfile.TemporaryDirectory(prefix="kloop-replay-") as tmp, Session(spares=1, settings=settings) as session:
             target = _target_from_source(run, Path(tmp))
             new_run_id = store.create_run(
                 target_name=run.get("target_name"), target_source=run["target_source"],
                 target_sha256=target.sha256, policy=run.get("policy"), model=run.get("model"),
                 settings={**(run.get("settings") or {}), "replay_attempts": which},
-                parent_run_id=run_id, parent_kind="reverify", notes=f"re-verification of run {run_id}")
+                parent_run_id=run_id, parent_kind="reverify", notes=f"re-verification of run {run_id}",
+                isolation=session.isolation)
             rows = []
             try:
                 for old in chosen:
-                    result = evaluate(target, old.get("source") or "", settings, pool)
+                    with session.evaluation(target, old.get("source") or "") as ev:
+                        ev.assemble(), ev.verify(), ev.profile()
+                    result = ev.result
                     columns = attempt_columns(result)
                     store.add_attempt(new_run_id, number=old["number"], branch=old.get("branch") or 0,
                                       turn=old.get("turn"), source=old.get("source"), reasoning=old.get("reasoning"),
@@ -128,7 +130,10 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
                                  notes=f"replay of {run_id} interrupted: {type(e).__name__}: {e}")
                 raise
         gpu = (rows[0].new["result"].get("gpu") or {}) if rows else {}
-        best = store.best_attempt(new_run_id)
+        # The re-verified run's best is the old best's counterpart, if it still holds up.
+        old_best = store.best_attempt(run_id)
+        best = next((a for a in store.attempts(new_run_id) if old_best and a["number"] == old_best["number"]
+                     and a["verdict"] == "correct"), None)
         store.update_run(new_run_id, status="finished", finished_at=now(), best_attempt_id=best["id"] if best else None,
                          gpu_name=gpu.get("name"), driver=gpu.get("driver"), cuda=gpu.get("cuda"),
                          versions=rows[0].new["result"].get("versions"),

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from tools import bench
+from tools.result import EvalResult, Roofline, Timing
 from tools.store import open_db
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,10 +106,10 @@ def attempt(number, language, verdict="correct", speedup=None, median=None, even
 
 
 def final_result(best_us, eager_us, compile_us, nbytes, flops=0):
-    return {"verdict": "correct", "language": "triton", "time_us": {"median": best_us},
-            "baselines": {"eager": {"median": eager_us}, "compile": {"median": compile_us}},
-            "speedup": {"eager": eager_us / best_us, "compile": compile_us / best_us},
-            "roofline": {"bytes": nbytes, "flops": flops, "sol_fraction": 0.8}}
+    return EvalResult(verdict="correct", language="triton", time_us=Timing(median=best_us),
+                      baselines={"eager": Timing(median=eager_us), "compile": Timing(median=compile_us)},
+                      speedup={"eager": eager_us / best_us, "compile": compile_us / best_us},
+                      roofline=Roofline(bytes=nbytes, flops=flops, sol_fraction=0.8))
 
 
 def test_rows_fractions_and_goals_from_gpu_like_numbers():

@@ -19,7 +19,8 @@ from agent.cli import app  # noqa: E402
 from agent.policies.anthropic import DEFAULT_MODEL, cost_usd  # noqa: E402
 from fakes import anthropic_server as fa  # noqa: E402
 from fakes import openai_server as fo  # noqa: E402
-from sandbox.pool import WorkerProcess, scrubbed_env  # noqa: E402
+from sandbox.pool import WarmPool  # noqa: E402
+from sandbox.process import clean_env  # noqa: E402
 from tools import rules  # noqa: E402
 from tools.store import open_db  # noqa: E402
 
@@ -247,12 +248,29 @@ def test_the_api_key_never_reaches_a_candidate(e2e):
     assert probe["source"] == PROBE and probe["verdict"] == "correct", probe["reasons"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
-        env = scrubbed_env(Path("/tmp"))
+        env = clean_env(Path("/tmp"), cuda=False)
         assert ANTHROPIC_KEY not in env.values() and not any("KEY" in k for k in env)
-        worker = WorkerProcess()
-        try:
-            worker.wait_ready()
-            environ = Path(f"/proc/{worker.proc.pid}/environ").read_bytes()
-        finally:
-            worker.kill()
+        with WarmPool(spares=0) as pool:
+            planner = pool.acquire("planner")
+            try:
+                environ = b"".join(Path(f"/proc/{pid}/environ").read_bytes() for pid in _tree(planner.proc.pid))
+            finally:
+                planner.close()
     assert ANTHROPIC_KEY.encode() not in environ and b"ANTHROPIC_API_KEY" not in environ
+
+
+def _tree(pid: int) -> list[int]:
+    """pid and its descendants (the jail tool, then the planner inside it)."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found

@@ -1,10 +1,14 @@
-"""The evaluator's promise, one adversarial candidate per rule: never credit a cheat, never refuse an honest kernel.
+"""The evaluator's promise, one hostile candidate per attack class: never credit a cheat, never refuse an honest
+kernel, never let a candidate break, hang or read the trusted side.
 
-Runs on CPU (Triton interpreter). Some candidates break the static rules on purpose; the tests marked
-`rules_bypassed` switch those rules off to show the run-time defences hold on their own.
+Runs on CPU (Triton interpreter) and, for the tests marked gpu, on a GPU. Some candidates break the static rules
+on purpose; the tests that use `rules_bypassed` switch those rules off to show the design holds without them: the
+candidate's Python only plans, trusted code runs the plan on its own inputs and compares.
 """
 import json
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -12,32 +16,38 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.pool import WorkerPool
+from sandbox import jail
+from sandbox.evaluate import EvalSettings, Session, evaluate, paired_ratio
 from tools import rules
-from tools.evaluate import VERDICTS, EvalSettings, evaluate
+from tools.result import VERDICTS
 from tools.target import TargetError, load_target
 
 from conftest import HAS_GPU
 
 HERE = Path(__file__).parent
 CANDIDATES = HERE / "candidates"
+TARGETS = HERE / "targets"
 REPO = HERE.parent
 
 
 @pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(spares=1) as p:
-        yield p
+def session():
+    with Session(spares=1) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return load_target(str(HERE / "targets" / "tiny_add.py"))
+    return load_target(str(TARGETS / "tiny_add.py"))
 
 
-def judge(target, name, pool, **settings):
-    source = (CANDIDATES / f"{name}.py").read_text()
-    return evaluate(target, source, EvalSettings(**settings), pool)
+def judge(target, name, session, **settings):
+    settings.setdefault("baselines", ("eager",))  # torch.compile's autotuning would cost minutes on a GPU
+    return evaluate(target, (CANDIDATES / f"{name}.py").read_text(), EvalSettings(**settings), session)
+
+
+def judge_source(target, source, session):
+    return evaluate(target, source, EvalSettings(baselines=("eager",)), session)
 
 
 @pytest.fixture
@@ -45,149 +55,280 @@ def rules_bypassed(monkeypatch):
     monkeypatch.setattr(rules, "check_source", lambda source: [])
 
 
-def test_honest_kernel_is_credited(tiny, pool):
-    r = judge(tiny, "honest_add", pool)
-    assert r["verdict"] == "correct", r["reasons"]
-    assert r["correctness"]["trials"] >= 5 and r["correctness"]["max_abs_err"] <= 1e-6
+def text_of(result) -> str:
+    return json.dumps(result.to_dict(), default=str)
+
+
+@pytest.mark.parametrize("target, name", [
+    ("tiny_add", "honest_add"),
+    ("tiny_add", "honest_global"),
+    ("tiny_add", "honest_autotune"),
+    ("tiny_gelu", "honest_libdevice"),
+    ("tiny_layernorm", "honest_layernorm_split"),
+    ("tiny_linear", "honest_linear"),
+])
+def test_honest_kernels_of_every_kind_are_credited(session, target, name):
+    r = judge(load_target(str(TARGETS / f"{target}.py")), name, session)
+    assert r.verdict == "correct", r.reasons
+    assert r.correctness.trials >= 5 + 2 and r.correctness.shapes >= 2 and r.correctness.max_abs_err < 1e-3
     if HAS_GPU:
-        assert r["executed_on"] == "cuda" and r["time_us"]["n"] >= 30 and r["speedup"]["eager"] > 0
+        assert r.executed_on == "cuda" and r.time_us.n >= 30 and r.speedup_over("eager") > 0
     else:
-        assert r["executed_on"] == "cpu-interpreter" and r["time_us"] is None and "no timing is real" in r["timing_note"]
-    assert r["resources"][0]["kernel"] == "add_kernel"
+        assert r.executed_on == "cpu-interpreter" and r.time_us is None and "no timing is real" in r.timing_note
+    assert r.resources and r.resources[0].launches >= 1
 
 
 @pytest.mark.parametrize("name, verdict, why", [
     ("torch_compute", "rejected", "PyTorch ops"),
     ("defined_not_launched", "rejected", "PyTorch ops"),
     ("launch_then_torch", "rejected", "aten.add"),
+    ("grid_torch", "rejected", "aten.add"),
+    ("python_compute", "rejected", "host"),
+    ("lazy_when_timed", "rejected", "different work on different calls"),
     ("fallback", "rejected", "fallback to PyTorch"),
     ("patch_checker", "rejected", "patches an imported module"),
-    ("fake_json_exit", "rejected", "import of os"),
-    ("escapes_numpy", "rejected", ".numpy"),
-    ("python_compute", "rejected", "_local_scalar_dense"),
-    ("cache_output", "incorrect", "elements outside"),
-    ("first_call_only", "incorrect", "elements outside"),
+    ("thread_torch", "rejected", "threading"),
+    ("numpy_array", "rejected", "numpy"),
+    ("equal_patch", "rejected", "update_wrapper"),
+    ("forged_replies", "rejected", "module os"),
+    ("probes_host", "rejected", "module os"),
+    ("cache_output", "incorrect", "outlives the call"),
+    ("cache_by_pointer", "incorrect", "outlives the call"),
+    ("first_call_only", "incorrect", "NaN positions differ"),
+    ("leftover_memory", "incorrect", "NaN positions differ"),
     ("writes_into_input", "incorrect", "aliases input 0"),
     ("mutates_input", "incorrect", "input 1 was modified"),
-    ("leftover_memory", "incorrect", "output 0"),
-    ("wrong_dtype", "incorrect", "dtype torch.float64"),
+    ("wrong_dtype", "incorrect", "dtype float64"),
     ("subclass_output", "incorrect", "not exactly torch.Tensor"),
     ("compile_error", "compile_error", "undefined_name"),
     ("syntax_error", "compile_error", "syntax error at line 3"),
 ])
-def test_cheats_and_breakage_are_never_credited(tiny, pool, name, verdict, why):
-    r = judge(tiny, name, pool)
-    assert r["verdict"] == verdict, (r["verdict"], r["reasons"])
-    assert any(why in reason for reason in r["reasons"]), r["reasons"]
+def test_cheats_and_breakage_are_never_credited(tiny, session, name, verdict, why):
+    r = judge(tiny, name, session)
+    assert r.verdict == verdict, (r.verdict, r.reasons)
+    assert any(why in reason for reason in r.reasons), r.reasons
 
 
-def test_hang_is_killed_with_its_process_group(tiny, pool):
+@pytest.mark.parametrize("name, verdict, why", [
+    ("thread_torch", "incorrect", "NaN positions differ"),        # the thread's work is not in the plan
+    ("frames_pause", "incorrect", "outlives the call"),           # silencing the recorder changes nothing
+    ("equal_patch", "incorrect", "input 1 was modified"),         # the comparison never ran in its process
+    ("numpy_array", "rejected", "on the host"),
+    ("escapes_numpy", "incorrect", "NaN positions differ"),        # numpy wrote into memory the executor never saw
+])
+def test_without_the_static_rules_cheats_still_fail(tiny, session, rules_bypassed, name, verdict, why):
+    r = judge(tiny, name, session)
+    if HAS_GPU and "numpy" in name:  # numpy cannot reach device memory: the call fails before any cheat
+        assert r.verdict in ("rejected", "runtime_error"), (r.verdict, r.reasons)
+        return
+    assert r.verdict == verdict, (r.verdict, r.reasons)
+    assert any(why in reason for reason in r.reasons), r.reasons
+
+
+def test_forged_control_messages_never_make_a_verdict(tiny, session, rules_bypassed):
+    r = judge(tiny, "forged_replies", session)
+    assert r.verdict in ("runtime_error", "rejected") and len(r.reasons) == 1, (r.verdict, r.reasons)
+    assert "\n" not in r.reasons[0]
+    assert judge(tiny, "honest_add", session).verdict == "correct"
+
+
+def test_hidden_shapes_stay_hidden(tiny, session):
+    r = judge(tiny, "hidden_shapes", session)
+    assert r.verdict == "runtime_error" and r.reasons == ["hidden variant 1: runtime_error"]
+    assert "LEAK" not in text_of(r)
+
+
+def _processes_mentioning(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(jail.detect().mode == "none", reason="no jail here: isolation mode none keeps nothing away")
+def test_the_sandbox_keeps_secrets_databases_and_stray_processes_away(tiny, rules_bypassed, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-real")
+    monkeypatch.setenv("KLOOP_SCRATCH", str(tmp_path / "scratch"))
+    db_path = tmp_path / "runs" / "kloop.db"
+    db_path.parent.mkdir()
+    db = sqlite3.connect(db_path)
+    db.execute("CREATE TABLE attempts (id INTEGER PRIMARY KEY, verdict TEXT)")
+    db.commit()
+    source = (CANDIDATES / "probes_host.py").read_text().replace("DB_PATH_PLACEHOLDER", str(db_path))
+    with Session(spares=0) as fresh:  # started after the key was set
+        r = evaluate(tiny, source, EvalSettings(baselines=("eager",)), fresh)
+    assert r.verdict == "correct", r.reasons
+    assert "sk-ant-test" not in r.stdout and "PROBE db blocked" in r.stdout, r.stdout[-2000:]
+    assert db.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger'").fetchone()[0] == 0
+    time.sleep(1)
+    assert _processes_mentioning(str(tmp_path / "scratch")) == []  # the double-forked grandchild died too
+
+
+def test_hang_is_killed_with_everything_it_started(tiny, session):
     start = time.monotonic()
-    r = judge(tiny, "hang", pool, load_timeout_s=8)
-    assert r["verdict"] == "timeout" and "killed" in r["reasons"][0]
-    assert time.monotonic() - start < 30
+    r = judge(tiny, "hang", session, load_timeout_s=8)
+    assert r.verdict == "timeout" and "killed" in r.reasons[0]
+    assert time.monotonic() - start < 40
 
 
-def test_exit_midway_is_a_runtime_error_and_the_next_candidate_is_fine(tiny, pool, rules_bypassed):
-    r = judge(tiny, "fake_json_exit", pool)
-    assert r["verdict"] == "runtime_error" and "exited with code 0" in r["reasons"][0]
-    assert '"verdict": "correct"' in r["stdout"]  # stored, never believed
-    assert judge(tiny, "honest_add", pool)["verdict"] == "correct"
+def kloop(*args, env=None, **kwargs):
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, **(env or {})), timeout=300, **kwargs)
 
 
-def test_segfault_is_contained(tiny, pool, rules_bypassed):
-    r = judge(tiny, "segfault", pool)
-    assert r["verdict"] == "runtime_error" and "SIGSEGV" in r["reasons"][0]
-    assert judge(tiny, "honest_add", pool)["verdict"] == "correct"
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_nothing_survives_kloop_being_killed(tmp_path, sig):
+    scratch = tmp_path / "scratch"
+    process = subprocess.Popen([sys.executable, "-m", "agent.cli", "eval", str(TARGETS / "tiny_add.py"),
+                                str(CANDIDATES / "hang.py")], cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, env=dict(os.environ, KLOOP_SCRATCH=str(scratch)))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any("sandbox.warm" in Path(f"/proc/{p}/cmdline").read_text()
+                                                  for p in _processes_mentioning(str(scratch))):
+        time.sleep(0.5)
+    time.sleep(3)  # the candidate is spinning in forward now
+    assert _processes_mentioning(str(scratch)), "the planner never started"
+    process.send_signal(sig)
+    process.wait(timeout=30)
+    time.sleep(2)
+    assert _processes_mentioning(str(scratch)) == []
+
+
+def test_segfault_is_contained(tiny, session, rules_bypassed):
+    r = judge(tiny, "segfault", session)
+    assert r.verdict == "runtime_error" and "SIGSEGV" in r.reasons[0]
+    assert judge(tiny, "honest_add", session).verdict == "correct"
 
 
 def test_no_secret_reaches_the_candidate(tiny, rules_bypassed, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-not-real")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    with WorkerPool(spares=0) as fresh:  # started after the keys were set
+    with Session(spares=0) as fresh:  # started after the keys were set
         r = judge(tiny, "reads_secrets", fresh)
-    assert r["verdict"] == "correct", r["reasons"]
+    assert r.verdict == "correct", r.reasons
 
 
-def test_hidden_variants_are_checked(pool):
+def test_hidden_variants_are_checked(session):
     # The built-in vector_add has awkward hidden sizes; a kernel that ignores the mask's tail must fail on them.
     target = load_target("vector_add")
     source = (CANDIDATES / "honest_add.py").read_text()
-    assert evaluate(target, source, EvalSettings(), pool)["correctness"]["shapes"] >= 3
+    assert judge_source(target, source, session).correctness.shapes >= 3
     no_mask = source.replace("mask=mask", "mask=offs < (n // 4) * 4")
-    r = evaluate(target, no_mask, EvalSettings(), pool)
-    assert r["verdict"] == "incorrect" and "hidden variant" in r["reasons"][0]
+    r = judge_source(target, no_mask, session)
+    assert r.verdict == "incorrect" and r.reasons[0].startswith("hidden variant")
 
 
-def test_broken_targets_get_one_clear_line(tmp_path):
+def test_the_reference_runs_in_training_mode_as_kernelbench_runs_it(session):
+    r = judge(load_target(str(TARGETS / "kb_batchnorm.py")), "copy_input", session)
+    assert r.verdict == "incorrect" and "elements outside" in r.reasons[0], r.reasons
+
+
+def test_broken_targets_get_one_clear_line():
     with pytest.raises(TargetError, match="unknown target"):
         load_target("no_such_target")
     with pytest.raises(TargetError, match="has no Model"):
-        load_target(str(HERE / "targets" / "no_model.py"))
-
-
-def kloop(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **(env or {})), timeout=300)
+        load_target(str(TARGETS / "no_model.py"))
 
 
 def test_cli_eval_json_is_one_object():
-    done = kloop("eval", str(HERE / "targets" / "tiny_add.py"), str(CANDIDATES / "honest_add.py"), "--json")
+    done = kloop("eval", str(TARGETS / "tiny_add.py"), str(CANDIDATES / "honest_add.py"), "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["verdict"] in VERDICTS and result["verdict"] == "correct"
     assert isinstance(result["reasons"], list) and "speedup" in result and "roofline" in result
+    assert result["isolation"].split(":")[0] in ("bwrap", "unshare", "none")
 
 
 def test_cli_eval_bad_input_is_one_line():
-    done = kloop("eval", str(HERE / "targets" / "broken_inputs.py"), str(CANDIDATES / "honest_add.py"))
+    done = kloop("eval", str(TARGETS / "broken_inputs.py"), str(CANDIDATES / "honest_add.py"))
     assert done.returncode == 2 and "no inputs today" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     done = kloop("eval", "vector_add", "missing.py")
     assert done.returncode == 2 and "no candidate file" in done.stderr
 
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["cache_by_pointer", "lazy_when_timed"])
-def test_cheating_only_while_timed_is_caught(tiny, pool, name):
-    r = judge(tiny, name, pool)
-    assert r["verdict"] in ("incorrect", "rejected") and r["time_us"] is None, (r["verdict"], r["reasons"])
-
-
-@pytest.mark.gpu
-def test_illegal_address_is_contained_and_the_gpu_stays_usable(tiny, pool):
-    r = judge(tiny, "out_of_bounds", pool)
-    assert r["verdict"] == "runtime_error", r["reasons"]
-    assert judge(tiny, "honest_add", pool)["verdict"] == "correct"
-
-
-def test_ptx_candidate_is_assembled_everywhere_and_run_where_there_is_a_gpu(pool):
+def test_ptx_candidate_is_assembled_everywhere_and_run_where_there_is_a_gpu(session):
     source = (REPO / "agent" / "kernels" / "vector_add" / "ptx_vec4.py").read_text()
-    r = evaluate(load_target("vector_add"), source, EvalSettings(baselines=("eager",)), pool)
-    assert r["language"] == "ptx" and r["resources"][0]["registers"] > 0 and "sm_90" in r["sass"]["vector_add"]
-    assert ".entry vector_add" in r["ptx"]["vector_add"]
+    r = evaluate(load_target("vector_add"), source, EvalSettings(baselines=("eager",)), session)
+    assert r.language == "ptx" and r.resources[0].registers > 0
+    assert ".entry vector_add" in r.ptx["vector_add"]
     if HAS_GPU:
-        assert r["verdict"] == "correct" and r["time_us"]["median"] > 0 and r["resources"][0]["occupancy"] > 0
+        assert r.verdict == "correct" and r.time_us.median > 0 and r.resources[0].occupancy > 0
+        assert "sm_90" in r.sass["vector_add"]
     else:
-        assert r["verdict"] == "runtime_error" and r["reasons"][0].startswith("not run") and r["time_us"] is None
-        assert "assembled for sm_90" in r["timing_note"]
+        assert r.verdict == "runtime_error" and r.reasons[0].startswith("not run") and r.time_us is None
+        assert "assembled for sm_90" in r.timing_note
 
 
-def test_summary_shows_timings_roofline_and_nsight_counters(capsys):
+@pytest.mark.parametrize("ratios, outcome", [
+    ([1.0 + 0.002 * ((-1) ** i) for i in range(30)], "tie"),
+    ([1.20 + 0.01 * ((-1) ** i) for i in range(30)], "faster"),
+    ([0.90 + 0.01 * ((-1) ** i) for i in range(30)], "slower"),
+    ([1.3, 0.8, 1.25, 0.85] * 5, "tie"),
+])
+def test_a_new_best_must_win_a_paired_remeasurement(ratios, outcome):
+    found = paired_ratio(ratios, best_attempt=4)
+    assert found.outcome == outcome and found.n == len(ratios) and found.best_attempt == 4
+    assert found.ci_low <= found.ratio <= found.ci_high
+
+
+def test_summary_shows_timings_roofline_and_nsight_counters():
     from agent.cmd_eval import console, print_summary
+    from tools.result import EvalResult
 
-    timing = {"median": 136.6, "iqr": 0.9}
-    result = {"verdict": "correct", "language": "ptx", "executed_on": "cuda", "reasons": [],
-              "correctness": {"trials": 9, "shapes": 3, "max_abs_err": 4.8e-7}, "time_us": timing,
-              "baselines": {"eager": {"median": 129.9, "iqr": 1.2}, "compile": {"median": 129.7}},
-              "speedup": {"eager": 0.95, "compile": 0.95}, "timing_note": None, "flags": ["throttled"],
-              "roofline": {"sol_us": 111.5, "bound": "memory", "sol_fraction": 0.82},
-              "resources": [{"kernel": "gelu", "registers": 32, "spills": 0, "occupancy": 1.0}],
-              "ncu": {"gelu": {"gpu_time_us": 127.4, "dram_pct": 83.7, "sm_pct": 44.5, "achieved_occupancy_pct": 82.5,
-                               "l2_hit_pct": 50.4, "top_stalls": [["long_scoreboard", 24.5], ["wait", 1.1]]}}}
+    result = EvalResult.from_dict({
+        "verdict": "correct", "language": "ptx", "executed_on": "cuda", "reasons": [],
+        "correctness": {"trials": 9, "shapes": 3, "max_abs_err": 4.8e-7},
+        "time_us": {"median": 136.6, "iqr": 0.9},
+        "baselines": {"eager": {"median": 129.9, "iqr": 1.2},
+                      "compile": {"median": 129.7, "derived_from_eager": True}},
+        "speedup": {"eager": 0.95, "compile": 0.95}, "flags": ["throttled"],
+        "roofline": {"bytes": 1, "flops": 0, "sol_us": 111.5, "bound": "memory", "sol_fraction": 0.82},
+        "resources": [{"kernel": "gelu", "source": "ptxas", "registers": 32, "spills": 0, "occupancy": 1.0}],
+        "ncu": {"gelu": {"gpu_time_us": 127.4, "dram_pct": 83.7, "sm_pct": 44.5, "achieved_occupancy_pct": 82.5,
+                         "l2_hit_pct": 50.4, "top_stalls": [["long_scoreboard", 24.5], ["wait", 1.1]]}}})
     with console.capture() as captured:
         print_summary(result)
     text = captured.get()
     assert "136.60" in text and "derived from eager" in text and "reached 82%" in text and "registers=32" in text
     assert "ncu gelu: 127.4 us, DRAM 84%" in text and "long_scoreboard 24.5" in text and "flags: throttled" in text
+
+
+# -- GPU: the timing classes ----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["side_stream", "patch_timer", "cache_by_pointer", "lazy_when_timed"])
+def test_timing_tricks_buy_nothing(session, name, monkeypatch):
+    monkeypatch.setattr(rules, "check_source", lambda source: [])
+    r = judge(load_target("vector_add"), name, session)
+    if r.verdict == "correct":  # then it is an honest kernel, honestly timed: no real add beats eager by much
+        assert r.speedup_over("eager") < 1.3, r.speedup
+    else:
+        assert r.time_us is None
+
+
+@pytest.mark.gpu
+def test_illegal_address_is_contained_and_the_executor_restarts(tiny, session):
+    r = judge(tiny, "out_of_bounds", session)
+    assert r.verdict == "runtime_error", r.reasons
+    after = judge(tiny, "honest_add", session)
+    assert after.verdict == "correct" and after.time_us.median > 0
+
+
+@pytest.mark.gpu
+def test_the_same_kernel_against_itself_is_a_tie(session):
+    target = load_target("vector_add")
+    source = (CANDIDATES / "honest_add.py").read_text()
+    with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as first:
+        first.assemble(), first.verify(), first.profile()
+        first.adopt_as_best(1)
+    tied = []
+    for _ in range(3):
+        with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as again:
+            again.assemble(), again.verify(), again.profile()
+        if again.result.vs_best is not None:
+            tied.append(again.result.vs_best.outcome)
+    assert tied and set(tied) <= {"tie", "slower"}, tied

@@ -94,7 +94,7 @@ def attempt_columns(verdict: str, source: str, median: float | None = None, eage
         "sol_fraction": roofline["sol_fraction"] if verdict == "correct" else None,
         "resources": [{"kernel": "add_kernel", "source": "triton", "registers": 32, "spills": 0, "shared_bytes": 0,
                        "num_warps": 4, "num_stages": 3, "threads": 128, "occupancy": 1.0}],
-        "ncu": {"add_kernel": {"dram_pct": 88.0, "sm_pct": 20.0, "achieved_occupancy": 0.9, "l2_hit_pct": 30.0,
+        "ncu": {"add_kernel": {"dram_pct": 88.0, "sm_pct": 20.0, "achieved_occupancy_pct": 90.0, "l2_hit_pct": 30.0,
                                "stalls": {"long_scoreboard": 0.7}, "gpu_time_us": median}} if timed else None,
         "nvml": {"before": {"sm_clock": 1980}, "after": {"sm_clock": 1980}, "throttled": False, "reasons": []}
         if timed else None,
@@ -185,6 +185,7 @@ def make_anthropic_run(store) -> str:
 def make_openai_run(store) -> str:
     run_id = store.create_run(target_name="vector_add", target_source=TARGET, policy="openai", model="gpt-6",
                               gpu_name=GPU["name"], versions=VERSIONS)
+    store.update_run(run_id, isolation="unshare: bwrap unusable")  # a weaker jail travels with every row
     attempt_id = store.add_attempt(run_id, branch=0, turn=1, **attempt_columns("correct", kernel(128), 22.0))
     request = {"model": "gpt-6", "messages": [{"role": "developer", "content": "You write kernels."},
                                               {"role": "user", "content": "Optimize vector_add"}],
@@ -265,7 +266,8 @@ def test_trl_whole_trajectories(runs_db, tmp_path):
     assert openai_run["messages"][-1]["tool_calls"][0]["function"]["arguments"]["rationale"] == "simple"
     for row in rows:
         assert set(row["provenance"]) == {"db", "run_id", "attempt_id", "attempt_number", "gpu", "versions",
-                                          "policy", "model"}
+                                          "policy", "model", "isolation"}
+        assert row["provenance"]["isolation"] == ("unshare: bwrap unusable" if row is openai_run else None)
         assert row["provenance"]["versions"]["triton"] == "3.6.0" and row["provenance"]["db"] == str(db)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from test_assemble import SHARED_PTX, VEC_ADD_PTX, many_live_values_ptx
 from tools.assemble import device_limits, theoretical_occupancy
-from tools.launch import PtxKernel, _load_function, launch_count
+from tools.launch import PtxKernel, _load_function
 from tools.profile import find_ncu, gpu_info, nvml_snapshot, run_ncu, throttle_reasons, time_interleaved
 
 pytestmark = pytest.mark.gpu
@@ -67,12 +67,9 @@ def test_ptx_vector_add_matches_torch():
     a, b = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     out = torch.empty_like(a)
     kernel = PtxKernel(VEC_ADD_PTX, "vec_add")
-    before = launch_count()
     kernel.launch(math.ceil(n / 256), 256, [a, b, out, n])
     torch.cuda.synchronize()
     torch.testing.assert_close(out, a + b)
-    assert launch_count() == before + 1
-    assert kernel.last_launch == {"grid": (math.ceil(n / 256),), "block": (256,), "threads": 256, "shared_mem": 0}
 
 
 def test_ptx_launch_follows_torchs_current_stream():

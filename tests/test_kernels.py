@@ -66,19 +66,18 @@ def _full_precision_reductions():
 
 
 def _check_against_reference(target, candidate_module, shapes, device="cpu"):
-    module = target.module
     for shape in shapes:
-        with target.overrides(shape):
-            torch.manual_seed(0)  # the same seed gives Model and ModelNew the same parameters
-            reference = module.Model(*module.get_init_inputs()).to(device)
-            torch.manual_seed(0)
-            candidate = candidate_module.ModelNew(*module.get_init_inputs()).to(device)
-            torch.manual_seed(1)
-            inputs = [t.to(device) for t in module.get_inputs()]
-            with torch.no_grad(), _full_precision_reductions():
-                expected = reference(*inputs)
-            with torch.no_grad():
-                got = candidate(*inputs)
+        module = target.module_for(shape)
+        torch.manual_seed(0)  # the same seed gives Model and ModelNew the same parameters
+        reference = module.Model(*module.get_init_inputs()).to(device)
+        torch.manual_seed(0)
+        candidate = candidate_module.ModelNew(*module.get_init_inputs()).to(device)
+        torch.manual_seed(1)
+        inputs = [t.to(device) for t in module.get_inputs()]
+        with torch.no_grad(), _full_precision_reductions():
+            expected = reference(*inputs)
+        with torch.no_grad():
+            got = candidate(*inputs)
         torch.testing.assert_close(got, expected, **_tolerance(target.name, expected.dtype),
                                    msg=lambda m: f"{target.name} at {shape}: {m}")
 
@@ -116,8 +115,8 @@ def test_ptx_starter_assembles_for_sm90(starter, tunables):
     model = namespace["ModelNew"]()  # builds (assembles) its PtxKernel
     if not torch.cuda.is_available():
         target = load_target(starter.target)
-        with target.overrides(target.shapes(small=True)[0]), pytest.raises(NoGpuError):
-            model(*target.module.get_inputs())
+        with pytest.raises(NoGpuError):
+            model(*target.module_for(target.shapes(small=True)[0]).get_inputs())
 
 
 @pytest.mark.parametrize("starter", PTX_STARTERS, ids=lambda s: s.name)
@@ -324,8 +323,8 @@ def test_ptx_candidate_from_triton_matches_reference_on_gpu(softmax_ptx):
     # Compiled at the small main shape (BLOCK_COLS 1024): rows up to 1024 run, longer ones are refused, not wrong.
     shapes = target.shapes(small=True)
     _check_against_reference(target, Module, [s for s in shapes if s["COLS"] <= 1024], device="cuda")
-    with target.overrides(next(s for s in shapes if s["COLS"] > 1024)), pytest.raises(RuntimeError, match="fits"):
-        Module.ModelNew()(target.module.get_inputs()[0].cuda())
+    with pytest.raises(RuntimeError, match="fits"):
+        Module.ModelNew()(target.module_for(next(s for s in shapes if s["COLS"] > 1024)).get_inputs()[0].cuda())
 
 
 @pytest.mark.gpu

@@ -12,19 +12,24 @@ import pytest
 
 from agent.graph import Loop, LoopSettings, run_loop
 from agent.policy import Message, Proposal
+from tools.result import EvalResult, Roofline, Timing
 from tools.store import open_db
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 class FakeEvaluation:
-    """Same staged interface as tools.evaluate.Evaluation: 'broken' sources fail to compile, 'wrong' ones are
+    """Same staged interface as sandbox.evaluate.Evaluation: 'broken' sources fail to compile, 'wrong' ones are
     incorrect; otherwise the speedup is the number at the end of the source."""
 
-    def __init__(self, source: str, language: str, delay: float = 0.0):
+    def __init__(self, source: str, delay: float = 0.0):
         self.source, self.delay = source, delay
-        self.result = {"verdict": None, "reasons": [], "language": language, "durations_s": {}}
+        self.result = EvalResult(language="triton")
         self.closed = False
+        self.adopted = None
+
+    def adopt_as_best(self, number):
+        self.adopted = number
 
     def __enter__(self):
         return self
@@ -35,19 +40,21 @@ class FakeEvaluation:
     def assemble(self):
         time.sleep(self.delay)
         if "broken" in self.source:
-            self.result.update(verdict="compile_error", reasons=["line 3: expected ':'"], compile_log="ptxas fatal")
+            self.result.verdict, self.result.reasons = "compile_error", ["line 3: expected ':'"]
+            self.result.compile_log = "ptxas fatal"
 
     def verify(self):
         time.sleep(self.delay)
         wrong = "wrong" in self.source
-        self.result.update(verdict="incorrect" if wrong else "correct",
-                           reasons=["max abs error 3.2 at [0, 7]"] if wrong else [])
+        self.result.verdict = "incorrect" if wrong else "correct"
+        self.result.reasons = ["max abs error 3.2 at [0, 7]"] if wrong else []
 
     def profile(self):
         time.sleep(self.delay)
         speedup = float(self.source.split()[-1])
-        self.result.update(speedup={"eager": speedup, "compile": speedup / 2}, time_us={"median": 10 / speedup},
-                           roofline={"bound": "memory", "sol_fraction": speedup / 10})
+        self.result.speedup = {"eager": speedup, "compile": speedup / 2}
+        self.result.time_us = Timing(median=10 / speedup)
+        self.result.roofline = Roofline(bytes=1, flops=0, bound="memory", sol_fraction=speedup / 10)
 
 
 class ScriptedPolicy:
@@ -74,7 +81,7 @@ class ScriptedPolicy:
 
 def make_loop(store, run_id, policy, delay=0.0, gpu=None, **settings):
     return Loop(store=store, run_id=run_id, policy=policy,
-                evaluation=lambda source, language: FakeEvaluation(source, language, delay),
+                evaluation=lambda source: FakeEvaluation(source, delay),
                 settings=LoopSettings(**settings), target_name="fake", target_source="class Model: ...", gpu=gpu)
 
 
@@ -121,7 +128,7 @@ def test_a_compile_error_and_a_wrong_answer_reach_the_next_context(store):
     second, third = policy.contexts[1], policy.contexts[2]
     assert second.history[0].verdict == "compile_error"
     assert second.history[0].reasons == ["line 3: expected ':'"]
-    assert second.history[0].result["compile_log"] == "ptxas fatal"
+    assert second.history[0].result.compile_log == "ptxas fatal"
     assert third.history[1].verdict == "incorrect" and "max abs error" in third.history[1].reasons[0]
     assert second.best is None and third.best is None
     stages = [e["stage"] for e in events if e["kind"] == "stage"]

@@ -3,6 +3,7 @@ import pytest
 from agent.policies import make_policy
 from agent.policies.offline import NO_STARTERS, read_marker
 from agent.policy import AttemptView, PolicyError, ProposeContext
+from tools.result import EvalResult
 from tools.store import source_hash
 from tools.target import load_target
 
@@ -37,7 +38,7 @@ def context(history, language="auto", branch=0, best=None):
 def attempt(number, proposal, verdict="correct", result=None, speedup=None):
     return AttemptView(id=number, number=number, branch=0, language=proposal.language, source=proposal.source,
                        verdict=verdict, reasons=[], time_us=None, speedup_eager=speedup, speedup_compile=None,
-                       sol_fraction=None, diagnosis="", result=result or {})
+                       sol_fraction=None, diagnosis="", result=EvalResult.from_dict(result))
 
 
 def drive(policy, turns, language="auto"):
@@ -86,7 +87,7 @@ def test_moves_are_deterministic_and_never_repeat_until_done(seed):
 def test_the_diagnosis_chooses_the_move(seed):
     policy = make_policy("offline", seed_kernel=seed)
     start = policy.propose(context([]))
-    spilling = {"verdict": "correct", "resources": [{"kernel": "k", "registers": 255, "spills": 12}]}
+    spilling = {"verdict": "correct", "resources": [{"kernel": "k", "source": "triton", "registers": 255, "spills": 12}]}
     move = policy.propose(context([attempt(1, start, result=spilling)]))
     assert read_marker(move.source)["values"]["BLOCK_SIZE"] == 512 and "spill" in move.reasoning
 
@@ -98,7 +99,8 @@ def test_the_diagnosis_chooses_the_move(seed):
 
     policy = make_policy("offline", seed_kernel=seed)
     start = policy.propose(context([]))
-    crowded = {"verdict": "correct", "resources": [{"kernel": "k", "registers": 200, "spills": 0, "occupancy": 0.25}]}
+    crowded = {"verdict": "correct",
+               "resources": [{"kernel": "k", "source": "triton", "registers": 200, "spills": 0, "occupancy": 0.25}]}
     move = policy.propose(context([attempt(1, start, result=crowded)]))
     assert read_marker(move.source)["values"]["NUM_WARPS"] == 2 and "occupancy" in move.reasoning
 
@@ -160,22 +162,23 @@ def test_user_target_needs_a_seed_kernel(tmp_path):
 def test_diagnosis_reads_the_counters():
     from agent.diagnose import diagnose
 
-    text, facts = diagnose({
+    text, facts = diagnose(EvalResult.from_dict({
         "verdict": "correct", "roofline": {"bound": "memory", "sol_fraction": 0.42},
-        "resources": [{"kernel": "k", "registers": 168, "spill_stores_bytes": 64, "spill_loads_bytes": 64,
-                       "shared_bytes": 0, "occupancy": 0.25}],
+        "resources": [{"kernel": "k", "source": "ptxas", "registers": 168, "spills": 32, "shared_bytes": 0,
+                       "occupancy": 0.25}],
         "nvml": {"throttled": True, "reasons": ["SwPowerCap"]},
         "ncu": {"k": {"dram_pct": 41.0, "sm_pct": 12.0, "achieved_occupancy_pct": 23.0,
                       "stalls": {"long_scoreboard": 6.5, "wait": 0.4, "barrier": 1.2}}},
-        "speedup": {"eager": 1.31, "compile": 0.97}})
-    assert facts["bound"] == "memory" and facts["spills"] == 128 and facts["spilling"]
+        "speedup": {"eager": 1.31, "compile": 0.97}}))
+    assert facts["bound"] == "memory" and facts["spills"] == 32 and facts["spilling"]
     assert facts["low_occupancy"] and facts["register_heavy"] and facts["memory_room"] and facts["throttled"]
     assert facts["top_stall"] == "long_scoreboard"
-    for phrase in ("memory-bound, at 42% of speed-of-light", "168 registers, 128 spilled", "throttled",
+    for phrase in ("memory-bound, at 42% of speed-of-light", "168 registers, 32 spilled", "throttled",
                    "achieved occupancy 23%", "long_scoreboard 6.5, barrier 1.2", "1.31x over eager"):
         assert phrase in text
 
-    text, facts = diagnose({"verdict": "compile_error", "reasons": ["line 3: bad token"], "resources": [{"kernel": "k"}],
-                            "timing_note": "no CUDA GPU: no timing is real"})
+    text, facts = diagnose(EvalResult.from_dict({
+        "verdict": "compile_error", "reasons": ["line 3: bad token"], "resources": [{"kernel": "k", "source": "triton"}],
+        "timing_note": "no CUDA GPU: no timing is real"}))
     assert text.splitlines()[0] == "verdict compile_error: line 3: bad token" and "registers" not in text
     assert not (facts["spilling"] or facts["memory_room"] or facts["low_occupancy"])

@@ -11,6 +11,7 @@ from agent.policies.replay import ReplayPolicy
 from agent.policy import AttemptView, PolicyError, ProposeContext
 from fakes import anthropic_server as fa
 from fakes import openai_server as fo
+from tools.result import EvalResult
 from tools.store import open_db
 
 TARGET = '''import torch
@@ -71,7 +72,7 @@ def result(verdict="correct", median=12.5, **extra) -> dict:
                         "shared_bytes": 0, "num_warps": 4, "num_stages": 3, "threads": 128, "occupancy": 1.0}],
          "correctness": {"trials": 3, "max_abs_err": 0.0, "max_rel_err": 0.0, "worst": None},
          "nvml": {"throttled": False}, "ncu": {"add_kernel": {"dram_pct": 88.0, "sm_pct": 20.0,
-                                                             "achieved_occupancy": 91.0, "l2_hit_pct": 3.0,
+                                                             "achieved_occupancy_pct": 91.0, "l2_hit_pct": 3.0,
                                                              "stalls": {"long_scoreboard": 70.0, "wait": 10.0}}},
          "flags": [], "gpu": GPU}
     r.update(extra)
@@ -85,7 +86,8 @@ def view(number: int, verdict="correct", source=TRITON, speedup=1.3, diagnosis="
                        reasons=[] if timed else [f"reason of attempt {number}"], time_us=12.5 if timed else None,
                        speedup_eager=speedup if timed else None, speedup_compile=speedup / 1.1 if timed else None,
                        sol_fraction=0.81 if timed else None, diagnosis=diagnosis,
-                       result=result(verdict, **result_extra) if timed else {"verdict": verdict, **result_extra})
+                       result=EvalResult.from_dict(result(verdict, **result_extra) if timed else
+                                                   {"verdict": verdict, **result_extra}))
 
 
 def context(history=(), tool_results=(), branch=0, language="auto", gpu=GPU) -> ProposeContext:
@@ -338,10 +340,10 @@ def test_prompt_carries_the_evidence_of_each_attempt():
     text = prompting.turn_prompt(context([failed, wrong, throttled]), keep_full=3)
     for expected in ("Attempt 1 (triton): compile_error", "ptxas error: line 12: unknown symbol %r9",
                      "max abs error 0.5", "'index': [999]", "median 12.50 us (IQR 12.30-12.80",
-                     "1.30x over eager, 1.18x over torch.compile", "81% (memory-bound", "24 registers, 0 spill bytes",
-                     "occupancy 100%", "throttled during timing (SwThermal)", "DRAM 88%",
-                     "top stalls long_scoreboard 70%", "diagnosis: memory bound at 81% of peak",
-                     "Budget left: 10 attempts, $4.50"):
+                     "1.30x over eager, 1.18x over torch.compile", "81% (memory-bound", "24 registers, 0 spilled words",
+                     "occupancy 100%", "throttled during timing (SwThermal)", "DRAM 88%", "achieved occupancy 91%",
+                     "top stalls (warps stalled per issued instruction) long_scoreboard 70.00",
+                     "diagnosis: memory bound at 81% of peak", "Budget left: 10 attempts, $4.50"):
         assert expected in text, expected
     assert "not shown for compile errors" not in text
 
@@ -373,10 +375,11 @@ def store(tmp_path):
 
 def test_run_tool_reads_the_database(store):
     run = store.create_run(target_name="vector_add", policy="anthropic")
-    store.add_attempt(run, language="triton", source=TRITON, verdict="correct", speedup_eager=1.5,
-                      time_us={"median": 11.0}, ptx={"add_kernel": ".visible .entry add_kernel("},
-                      ncu={"add_kernel": {"dram_pct": 90.0}})
+    first = store.add_attempt(run, language="triton", source=TRITON, verdict="correct", speedup_eager=1.5,
+                              time_us={"median": 11.0}, ptx={"add_kernel": ".visible .entry add_kernel("},
+                              ncu={"add_kernel": {"dram_pct": 90.0}})
     store.add_attempt(run, language="triton", source=TRITON.replace("1024", "2048"), verdict="incorrect")
+    store.update_run(run, best_attempt_id=first)  # the loop's doing (agent/graph.py)
 
     def call(name, **arguments):
         return run_tool(store, run, {"id": "t1", "name": name, "input": arguments})

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from agent import cmd_data
 from test_export import GPU, attempt_columns, kernel, make_offline_run, timing  # noqa: F401  (shared builders)
-from tools.replay import compare
+from agent.reverify import compare
 from tools.report import NO_TIMING_NOTE, leaderboard, progress_figure, roofline_figure
 from tools.store import open_db
 
@@ -92,9 +92,9 @@ def test_leaderboard_best_per_target_across_databases(tmp_path):
     db_with_run(first, timed=True)
     store = open_db(second)
     faster = store.create_run(target_name="vector_add", policy="anthropic", gpu_name=GPU["name"])
-    store.add_attempt(faster, **attempt_columns("correct", kernel(64), 10.0))
+    store.update_run(faster, best_attempt_id=store.add_attempt(faster, **attempt_columns("correct", kernel(64), 10.0)))
     softmax = store.create_run(target_name="softmax", policy="offline")
-    store.add_attempt(softmax, **attempt_columns("correct", kernel(32), None))
+    store.update_run(softmax, best_attempt_id=store.add_attempt(softmax, **attempt_columns("correct", kernel(32), None)))
     store.add_attempt(store.create_run(target_name="layernorm", policy="offline"),
                       **attempt_columns("incorrect", kernel(16), None))
     store.close()
@@ -117,7 +117,7 @@ def test_replay_reverifies_on_cpu_and_flags_disagreements(tmp_path):
     store = open_db(db)
     run_id = store.create_run(target_name="tiny_add", target_source=(HERE / "targets" / "tiny_add.py").read_text(),
                               policy="offline", gpu_name=GPU["name"])
-    store.add_attempt(run_id, **attempt_columns("correct", honest, 15.0))
+    store.update_run(run_id, best_attempt_id=store.add_attempt(run_id, **attempt_columns("correct", honest, 15.0)))
     store.add_attempt(run_id, **attempt_columns("correct", honest.replace("+ tl.load(b_ptr", "- tl.load(b_ptr"), 14.0))
     store.close()
 
@@ -160,7 +160,7 @@ def test_replay_times_on_gpu(tmp_path):
     """On a GPU the re-verified attempt carries real timings and speedups, and the table shows them."""
     from rich.console import Console
 
-    from tools.replay import NOT_TIMED, comparison_table, replay
+    from agent.reverify import NOT_TIMED, comparison_table, replay
 
     honest = (HERE / "candidates" / "honest_add.py").read_text()
     db = tmp_path / "kloop.db"

@@ -3,6 +3,7 @@ import sqlite3
 import pytest
 
 from agent.policy import Message
+from tools.result import EvalResult
 from tools.store import ATTEMPT_COLUMNS, SCHEMA_VERSION, StoreError, attempt_columns, open_db, source_hash
 
 
@@ -29,7 +30,9 @@ def test_round_trip_decodes_json_and_links_messages(db):
     assert attempts[0]["time_us"] == {"median": 3.0} and attempts[0]["result"] == {"verdict": "correct"}
     assert attempts[2]["reasons"] == ["line 4: bad"]
     assert attempts[0]["source_hash"] == source_hash("x = 1")
-    assert db.best_attempt(run_id)["id"] == second
+    assert db.best_attempt(run_id) is None  # the best is what the loop names, never a guess from the columns
+    db.update_run(run_id, best_attempt_id=second)
+    assert db.best_attempt(run_id)["id"] == second and db.progress(run_id)["best_speedup"] == 2.5
     messages = db.messages(run_id)
     assert [(m["seq"], m["role"], m["attempt_id"]) for m in messages] == [(1, "request", first), (2, "response", first)]
     assert messages[0]["content"] == {"prompt": "go"}
@@ -155,8 +158,9 @@ def test_attempt_columns_maps_an_evaluator_result():
     result = {"verdict": "correct", "language": "triton", "reasons": [], "speedup": {"eager": 2.0, "compile": 1.5},
               "roofline": {"sol_fraction": 0.7, "bound": "memory"}, "time_us": {"median": 3.0},
               "durations_s": {"total": 1.2}, "stdout": "hi", "gpu": {"name": "NVIDIA H200"}}
-    columns = attempt_columns(result)
+    columns = attempt_columns(EvalResult.from_dict(result))
     assert (columns["speedup_eager"], columns["speedup_compile"], columns["sol_fraction"]) == (2.0, 1.5, 0.7)
-    assert columns["durations"] == {"total": 1.2} and columns["result"] is result and columns["stdout"] == "hi"
+    assert columns["durations"] == {"total": 1.2} and columns["stdout"] == "hi"
+    assert columns["result"]["gpu"] == {"name": "NVIDIA H200"} and columns["result"]["time_us"]["median"] == 3.0
     assert set(columns) <= set(ATTEMPT_COLUMNS)
-    assert attempt_columns({"verdict": "format_error", "reasons": ["no code"]})["speedup_eager"] is None
+    assert attempt_columns(EvalResult(verdict="format_error", reasons=["no code"]))["speedup_eager"] is None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import statistics
 
+from tools.result import EvalResult
+
 MEMORY_BOUND = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")
 MATMUL = ("matmul_bf16", "matmul_bias_relu")
 COPY_BYTES = 2**30          # the copy ceiling depends on size (128 MiB reaches less than 1 GiB): use a large one
@@ -54,9 +56,9 @@ def cublas_matmul(m: int, n: int, k: int, dtype=None, calls: int = 30) -> dict |
 
 
 def matmul_shape(target, small: bool) -> tuple[int, int, int]:
-    """(M, N, K) of a matmul target's main shape, read from its module globals under the shape's overrides."""
-    with target.overrides(target.shapes(small)[0]):
-        return target.module.M, target.module.N, target.module.K
+    """(M, N, K) of a matmul target's main shape, read from its module at that shape."""
+    module = target.module_for(target.shapes(small)[0])
+    return module.M, module.N, module.K
 
 
 def kind_of(target_name: str) -> str:
@@ -85,33 +87,32 @@ def evaluator_overhead_s(attempts: list[dict]) -> float | None:
     return statistics.median(overheads) if overheads else None
 
 
-def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, final: dict | None,
+def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, final: EvalResult | None,
                loop_seconds: float, copy: dict | None, cublas: dict | None) -> dict:
     """One table row: the final interleaved measurement of the best attempt (`final`: its evaluator result, timed
     together with eager and compile), the run's attempt statistics, and the achieved rate against the device ceiling
     that fits the target (copy bandwidth or cuBLAS)."""
-    final = final or {}
-    timing = final.get("time_us") or {}
-    baselines = final.get("baselines") or {}
-    speedup = final.get("speedup") or {}
-    roof = final.get("roofline") or {}
-    best_us = timing.get("median")
+    final = final or EvalResult()
+    baselines = {k: v.__dict__ for k, v in (final.baselines or {}).items()}
+    roof = final.roofline
+    best_us = final.median_us
     kind = kind_of(name)
-    gbps = roof["bytes"] / (best_us * 1e3) if best_us and roof.get("bytes") else None
-    tflops = roof["flops"] / (best_us * 1e6) if best_us and roof.get("flops") else None
+    gbps = roof.bytes / (best_us * 1e3) if best_us and roof and roof.bytes else None
+    tflops = roof.flops / (best_us * 1e6) if best_us and roof and roof.flops else None
     copy_gbps = (copy or {}).get("gbps")
     cublas_tflops = (cublas or {}).get("tflops")
     per_language = best_by_language(attempts)
     return {
         "target": name, "kind": kind, "run_id": run_id,
         "best_attempt": best["number"] if best else None, "best_language": best["language"] if best else None,
-        "final_verdict": final.get("verdict"), "final_reasons": final.get("reasons") or [],
+        "final_verdict": final.verdict, "final_reasons": final.reasons,
         "eager_us": (baselines.get("eager") or {}).get("median"),
         "compile_us": (baselines.get("compile") or {}).get("median"),
         "best_us": best_us,
-        "timings_us": {"best": timing or None, "eager": baselines.get("eager"), "compile": baselines.get("compile")},
-        "speedup_eager": speedup.get("eager"), "speedup_compile": speedup.get("compile"),
-        "sol_fraction": roof.get("sol_fraction"),
+        "timings_us": {"best": final.time_us.__dict__ if final.time_us else None, "eager": baselines.get("eager"),
+                       "compile": baselines.get("compile")},
+        "speedup_eager": final.speedup_over("eager"), "speedup_compile": final.speedup_over("compile"),
+        "sol_fraction": final.sol_fraction,
         "achieved_gbps": gbps, "achieved_tflops": tflops,
         "copy_gbps": copy_gbps if kind == "memory" else None,
         "copy_fraction": gbps / copy_gbps if kind == "memory" and gbps and copy_gbps else None,
@@ -122,7 +123,7 @@ def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, 
         "attempts_per_minute": len(attempts) / (loop_seconds / 60) if loop_seconds > 0 else None,
         "overhead_s_median": evaluator_overhead_s(attempts),
         "best_triton": per_language["triton"], "best_ptx": per_language["ptx"],
-        "flags": final.get("flags") or [],
+        "flags": final.flags,
     }
 
 

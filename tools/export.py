@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from agent import prompting
 from agent.inspect_tools import SUBMIT, TOOLS, openai_tools
 from agent.policy import AttemptView, ProposeContext
+from tools.result import EvalResult
 from tools.store import Store, StoreError, open_db
 
 FORMATS = ("trl", "openai", "kernelbook", "rl")
@@ -99,11 +100,14 @@ def _select_runs(store: Store, run_ids: Iterable[str]) -> list[dict]:
 
 def _provenance(db_path: Path, run: dict, attempt: dict) -> dict:
     versions = run.get("versions") or {}
+    result = attempt.get("result") or {}
     return {
         "db": str(db_path), "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
         "gpu": run.get("gpu_name"),
         "versions": {k: versions.get(k) for k in ("torch", "triton", "cupy", "python")},
         "policy": run.get("policy"), "model": run.get("model"),
+        # how the candidate's processes were isolated when it was judged (sandbox/jail.py): weaker modes say so
+        "isolation": result.get("isolation") or run.get("isolation"),
     }
 
 
@@ -135,7 +139,8 @@ def _view(row: dict) -> AttemptView:
         id=row["id"], number=row["number"], branch=row.get("branch") or 0, language=row.get("language") or "",
         source="", verdict=row.get("verdict") or "", reasons=row.get("reasons") or [],
         time_us=_median_us(row), speedup_eager=row.get("speedup_eager"), speedup_compile=row.get("speedup_compile"),
-        sol_fraction=row.get("sol_fraction"), diagnosis=row.get("diagnosis") or "", result=row.get("result") or {})
+        sol_fraction=row.get("sol_fraction"), diagnosis=row.get("diagnosis") or "",
+        result=EvalResult.from_dict(row.get("result")))
 
 
 def offline_turns(run: dict, attempts: list[dict]) -> list[Turn]:

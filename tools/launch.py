@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 
 import numpy as np
 
@@ -17,18 +16,11 @@ DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024  # above this the function must opt in 
 MAX_SHARED_PER_BLOCK = 227 * 1024
 MAX_THREADS_PER_BLOCK = 1024
 
-_launches = 0
-_launches_lock = threading.Lock()
 _dynamic_shared_opted_in: dict[int, int] = {}  # function handle -> max dynamic shared bytes it was allowed
 
 
 class NoGpuError(RuntimeError):
     """A PTX kernel was asked to launch on a machine without a CUDA GPU."""
-
-
-def launch_count() -> int:
-    """How many PtxKernel launches this process has made (the evaluator checks a candidate's own kernels ran)."""
-    return _launches
 
 
 _PARAM_BYTES = {"8": 1, "16": 2, "32": 4, "64": 8}
@@ -93,7 +85,6 @@ class PtxKernel:
             raise ValueError(f"entry {entry!r} is not a kernel of this PTX (its .entry functions: {found})")
         self.resources = dict(self.assembly.kernels[entry])  # a copy: the assembly is shared through the cache
         self.log = self.assembly.log
-        self.last_launch: dict | None = None  # grid, block, threads, shared_mem of the latest launch
         self._params = _entry_params(ptx, entry)
 
     def __repr__(self) -> str:
@@ -132,7 +123,6 @@ class PtxKernel:
 
     def launch(self, grid, block, args, shared_mem: int = 0) -> None:
         """Launch on torch's current CUDA stream. Tensors go as device pointers, ints as int32, floats as float32."""
-        global _launches
         import torch
 
         if not torch.cuda.is_available():
@@ -149,17 +139,18 @@ class PtxKernel:
                              f"is outside 0..{MAX_SHARED_PER_BLOCK} per block")
         values, device = self._convert(args, None)
         device = torch.cuda.current_device() if device is None else device
-
-        import cupy
-
         function = _load_function(self.assembly.cubin, self.name, device)
-        with cupy.cuda.Device(device):
-            if shared_mem > _dynamic_shared_opted_in.get(function.ptr, DEFAULT_DYNAMIC_SHARED_LIMIT):
-                cupy.cuda.driver.funcSetAttribute(
-                    function.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
-                _dynamic_shared_opted_in[function.ptr] = shared_mem
-            stream = _cupy_stream(torch.cuda.current_stream(device))
-            function(grid, block, tuple(values), shared_mem=shared_mem, stream=stream)
-        self.last_launch = {"grid": grid, "block": block, "threads": threads, "shared_mem": shared_mem}
-        with _launches_lock:
-            _launches += 1
+        launch_function(function, grid, block, values, shared_mem, torch.cuda.current_stream(device))
+
+
+def launch_function(function, grid: tuple, block: tuple, values: list, shared_mem: int, torch_stream) -> None:
+    """Launch a loaded CuPy function on a torch stream, opting in to more than 48 KiB of dynamic shared memory
+    first when asked for (shared by PtxKernel and the trusted executor, which replays PTX launches)."""
+    import cupy
+
+    with cupy.cuda.Device(torch_stream.device.index):
+        if shared_mem > _dynamic_shared_opted_in.get(function.ptr, DEFAULT_DYNAMIC_SHARED_LIMIT):
+            cupy.cuda.driver.funcSetAttribute(
+                function.ptr, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
+            _dynamic_shared_opted_in[function.ptr] = shared_mem
+        function(grid, block, tuple(values), shared_mem=shared_mem, stream=_cupy_stream(torch_stream))

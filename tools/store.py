@@ -23,6 +23,7 @@ from typing import Any
 from sqlite_utils import Database
 
 from agent.policy import Message
+from tools.result import EvalResult
 
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("runs/kloop.db")
@@ -32,11 +33,11 @@ RUN_COLUMNS = {
     "id": str, "created_at": str, "finished_at": str, "status": str, "target_name": str, "target_source": str,
     "target_sha256": str, "gpu_name": str, "driver": str, "cuda": str, "versions": str, "numeric_flags": str,
     "policy": str, "model": str, "settings": str, "baselines": str, "best_attempt_id": int, "parent_run_id": str,
-    "parent_kind": str, "notes": str, "gpu": str,
+    "parent_kind": str, "notes": str, "gpu": str, "isolation": str,
 }
 # Columns added to schema v1 after its first release: nullable, added on a writable open of an older v1 file (an
 # additive change: readers that select * just see one more column). A read-only open reads them as absent (None).
-ADDED_RUN_COLUMNS = {"gpu": str}
+ADDED_RUN_COLUMNS = {"gpu": str, "isolation": str}
 ATTEMPT_COLUMNS = {
     "id": int, "run_id": str, "number": int, "branch": int, "parent_attempt_id": int, "turn": int, "created_at": str,
     "language": str, "source": str, "source_hash": str, "reasoning": str, "ptx": str, "sass": str,
@@ -54,21 +55,21 @@ JSON_COLUMNS = {
     "roofline", "correctness", "ncu", "nvml", "flags", "durations", "result", "content", "gpu",
 }
 RUN_STATUSES = ("running", "finished", "stopped", "failed")
+# The one definition of a run's best attempt, for every reader (store, export, report, bench, leaderboard).
+BEST_SQL = "SELECT {columns} FROM runs r JOIN attempts a ON a.id = r.best_attempt_id WHERE r.id = ?"
 
 
-def attempt_columns(result: dict) -> dict:
-    """The attempts-table columns filled from one evaluator result dict (docs/design.md); the graph's commit and
-    the re-verifier both store results through this one mapping."""
-    speedup = result.get("speedup") or {}
+def attempt_columns(result: EvalResult) -> dict:
+    """The attempts-table columns filled from one evaluator result (docs/design.md); the graph's commit and the
+    re-verifier both store results through this one mapping."""
+    d = result.to_dict()
     return {
-        "language": result.get("language"), "ptx": result.get("ptx"), "sass": result.get("sass"),
-        "compile_log": result.get("compile_log"), "resources": result.get("resources"),
-        "verdict": result.get("verdict"), "reasons": result.get("reasons") or [], "time_us": result.get("time_us"),
-        "speedup_eager": speedup.get("eager"), "speedup_compile": speedup.get("compile"),
-        "sol_fraction": (result.get("roofline") or {}).get("sol_fraction"), "roofline": result.get("roofline"),
-        "correctness": result.get("correctness"), "ncu": result.get("ncu"), "nvml": result.get("nvml"),
-        "flags": result.get("flags"), "stdout": result.get("stdout"), "stderr": result.get("stderr"),
-        "durations": result.get("durations_s"), "result": result,
+        "language": result.language, "ptx": result.ptx, "sass": result.sass, "compile_log": result.compile_log,
+        "resources": d["resources"], "verdict": result.verdict, "reasons": result.reasons, "time_us": d["time_us"],
+        "speedup_eager": result.speedup_over("eager"), "speedup_compile": result.speedup_over("compile"),
+        "sol_fraction": result.sol_fraction, "roofline": d["roofline"], "correctness": d["correctness"],
+        "ncu": d["ncu"], "nvml": result.nvml, "flags": result.flags, "stdout": result.stdout,
+        "stderr": result.stderr, "durations": result.durations_s, "result": d,
     }
 
 
@@ -236,7 +237,7 @@ class Store:
         """All runs, newest first, each with its attempt count and best speedup over eager."""
         return self._select(
             "SELECT runs.*, (SELECT COUNT(*) FROM attempts WHERE run_id = runs.id) AS attempts_count, "
-            "(SELECT MAX(speedup_eager) FROM attempts WHERE run_id = runs.id AND verdict = 'correct') AS best_speedup_eager "
+            "(SELECT speedup_eager FROM attempts WHERE id = runs.best_attempt_id) AS best_speedup_eager "
             "FROM runs ORDER BY created_at DESC, rowid DESC")
 
     # -- attempts ------------------------------------------------------------------------------------------------
@@ -279,10 +280,9 @@ class Store:
                             [run_id, branch])
 
     def best_attempt(self, run_id: str) -> dict | None:
-        """The fastest correct attempt; without timings (CPU runs) the first correct one."""
-        rows = self._select(
-            "SELECT * FROM attempts WHERE run_id = ? AND verdict = 'correct' "
-            "ORDER BY speedup_eager DESC NULLS LAST, number LIMIT 1", [run_id])
+        """The run's best: the attempt runs.best_attempt_id names. The loop moves it only to a correct attempt that
+        beat the standing best in a paired re-measurement (or the first correct one): docs/design.md."""
+        rows = self._select(BEST_SQL.format(columns="a.*"), [run_id])
         return rows[0] if rows else None
 
     def progress(self, run_id: str) -> dict:
@@ -295,9 +295,8 @@ class Store:
         count, seconds, last = self.db.execute(
             "SELECT COUNT(*), COALESCE(SUM(json_extract(durations, '$.attempt')), 0), COALESCE(MAX(number), 0) "
             "FROM attempts WHERE run_id = ?", [run_id]).fetchone()
-        best = self.db.execute(
-            "SELECT id, number, sol_fraction, speedup_eager FROM attempts WHERE run_id = ? AND verdict = 'correct' "
-            "ORDER BY speedup_eager DESC NULLS LAST, number LIMIT 1", [run_id]).fetchone()
+        best = self.db.execute(BEST_SQL.format(columns="a.id, a.number, a.sol_fraction, a.speedup_eager"),
+                               [run_id]).fetchone()
         return {"attempts": count, "seconds": seconds, "last_number": last, **self.usage(run_id),
                 "best_id": best[0] if best else None, "best_number": best[1] if best else None,
                 "best_sol": best[2] if best else None, "best_speedup": best[3] if best else None}

@@ -1,4 +1,4 @@
-"""Comparing a candidate's outputs with the reference's, in the trusted process.
+"""Comparing a candidate's outputs with the reference's, in a trusted process, a chunk at a time.
 
 Tolerances per dtype (an element passes when |out - ref| <= atol + rtol * |ref|):
 
@@ -12,10 +12,10 @@ Tolerances per dtype (an element passes when |out - ref| <= atol + rtol * |ref|)
 
 NaN and infinity must sit at the same positions (infinities with the same sign); they are left out of the numeric
 comparison. TF32 is off for reference and candidate alike (tools/numerics.py), so float32 means float32.
+Work is done in slices of about CHUNK elements along the first dimension, so comparing a 6 GB output costs a few
+hundred MB of temporaries, never a float64 copy of the whole thing.
 """
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,39 +26,20 @@ TOLERANCES = {
     torch.float16: (1e-2, 1e-2),
     torch.bfloat16: (2e-2, 2e-2),
 }
-DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
-    torch.uint8, torch.bool)}
+CHUNK = 1 << 24  # elements per slice: 128 MiB as float64
 
 
-def read_output(meta: dict, workdir: Path, device: torch.device) -> torch.Tensor:
-    """Rebuild an output tensor from the raw bytes a worker wrote; nothing in the file is executed or unpickled."""
-    dtype = DTYPES.get(meta.get("dtype"))
-    if dtype is None:
-        raise ValueError(f"output dtype {meta.get('dtype')!r} is not one kloop compares")
-    shape = [int(s) for s in meta.get("shape", [])]
-    path = Path(meta.get("file", "")).resolve()
-    if path.parent != workdir.resolve():
-        raise ValueError("output file outside the worker's directory")
-    raw = np.fromfile(path, dtype=np.uint8)
-    count = int(np.prod(shape)) if shape else 1
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    if raw.size != count * itemsize:
-        raise ValueError(f"output holds {raw.size} bytes, shape {shape} of {dtype} needs {count * itemsize}")
-    t = torch.from_numpy(raw)
-    t = t.to(torch.bool) if dtype == torch.bool else t.view(dtype)
-    return t.reshape(shape).to(device)
+def _slices(shape: tuple) -> list[tuple[int, int]]:
+    """Row ranges [start, stop) along dim 0 holding about CHUNK elements each (the whole tensor if 0-d)."""
+    if len(shape) == 0 or shape[0] == 0:
+        return [(0, 1)] if len(shape) == 0 else []
+    per_row = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    rows = max(1, CHUNK // max(per_row, 1))
+    return [(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
 
 
-def view_buffer(meta: dict, buffer: torch.Tensor) -> torch.Tensor:
-    """An output the worker copied into a buffer we lent it: our bytes, read as the dtype and shape it claims."""
-    dtype = DTYPES.get(meta.get("dtype"))
-    if dtype is None or dtype == torch.bool:
-        raise ValueError(f"output dtype {meta.get('dtype')!r} cannot come back through a buffer")
-    shape = [int(s) for s in meta.get("shape", [])]
-    if int(np.prod(shape)) * buffer.new_empty(0, dtype=dtype).element_size() != buffer.numel():
-        raise ValueError(f"output shape {shape} of {dtype} does not fill the {buffer.numel()} bytes it was given")
-    return buffer.view(dtype).reshape(shape)
+def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    return t.reshape(1) if t.dim() == 0 else t[start:stop].reshape(-1)
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0) -> tuple[list[str], dict]:
@@ -67,43 +48,70 @@ def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0) -> tuple[list[
         return [f"output {index} has dtype {out.dtype}, expected {ref.dtype}"], {}
     if tuple(out.shape) != tuple(ref.shape):
         return [f"output {index} has shape {tuple(out.shape)}, expected {tuple(ref.shape)}"], {}
+    per_row = int(np.prod(ref.shape[1:])) if ref.dim() > 1 else 1
     if not ref.is_floating_point():
-        wrong = out != ref
-        n = int(wrong.sum())
-        stats = {"mismatches": n, "max_abs_err": 0.0 if n == 0 else None}
-        return ([f"output {index}: {n} of {ref.numel()} elements differ (exact match required)"] if n else []), stats
-    o, r = out.double(), ref.double()
-    reasons = []
-    nan_o, nan_r = torch.isnan(o), torch.isnan(r)
-    if not torch.equal(nan_o, nan_r):
-        where = _first(nan_o != nan_r, ref.shape)
-        reasons.append(f"output {index}: NaN positions differ from the reference (first at {where})")
-    inf_o, inf_r = torch.isinf(o), torch.isinf(r)
-    if not torch.equal(inf_o, inf_r) or not torch.equal(o[inf_r], r[inf_r]):
-        where = _first((inf_o != inf_r) | (inf_r & (o != r)), ref.shape)
-        reasons.append(f"output {index}: infinities differ from the reference (first at {where})")
-    finite = ~(nan_r | inf_r | nan_o | inf_o)
+        wrong = 0
+        for start, stop in _slices(tuple(ref.shape)):
+            wrong += int((_rows(out, start, stop) != _rows(ref, start, stop)).sum())
+        stats = {"mismatches": wrong, "max_abs_err": 0.0 if wrong == 0 else None}
+        return ([f"output {index}: {wrong} of {ref.numel()} elements differ (exact match required)"] if wrong
+                else []), stats
     atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
-    diff = torch.where(finite, (o - r).abs(), torch.zeros_like(o))
-    allowed = atol + rtol * r.abs()
-    bad = finite & (diff > allowed)
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    rel = torch.where(finite, diff / r.abs().clamp_min(atol), torch.zeros_like(o))
-    stats = {"max_abs_err": max_abs, "max_rel_err": float(rel.max()) if rel.numel() else 0.0,
-             "mismatches": int(bad.sum()), "atol": atol, "rtol": rtol}
-    if stats["mismatches"]:
-        flat = int(torch.argmax(torch.where(bad, diff - allowed, torch.full_like(diff, -1.0))))
-        where = _unravel(flat, ref.shape)
-        stats["worst"] = {"index": where, "got": float(o.reshape(-1)[flat]), "expected": float(r.reshape(-1)[flat])}
+    nan_at = inf_at = None
+    mismatches, max_abs, max_rel = 0, 0.0, 0.0
+    worst = None  # (excess over the tolerance, flat index, got, expected)
+    for start, stop in _slices(tuple(ref.shape)):
+        o, r = _rows(out, start, stop).double(), _rows(ref, start, stop).double()
+        base = start * per_row
+        nan_o, nan_r = torch.isnan(o), torch.isnan(r)
+        if nan_at is None and not torch.equal(nan_o, nan_r):
+            nan_at = base + int(torch.argmax((nan_o != nan_r).to(torch.uint8)))
+        inf_o, inf_r = torch.isinf(o), torch.isinf(r)
+        bad_inf = (inf_o != inf_r) | (inf_r & (o != r))
+        if inf_at is None and bool(bad_inf.any()):
+            inf_at = base + int(torch.argmax(bad_inf.to(torch.uint8)))
+        finite = ~(nan_r | inf_r | nan_o | inf_o)
+        diff = torch.where(finite, (o - r).abs(), torch.zeros_like(o))
+        allowed = atol + rtol * r.abs()
+        bad = finite & (diff > allowed)
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+            max_rel = max(max_rel, float(torch.where(finite, diff / r.abs().clamp_min(atol),
+                                                     torch.zeros_like(o)).max()))
+        count = int(bad.sum())
+        if count:
+            mismatches += count
+            excess = torch.where(bad, diff - allowed, torch.full_like(diff, -1.0))
+            local = int(torch.argmax(excess))
+            if worst is None or float(excess[local]) > worst[0]:
+                worst = (float(excess[local]), base + local, float(o[local]), float(r[local]))
+        del o, r, diff, allowed, bad, finite
+    reasons = []
+    if nan_at is not None:
+        reasons.append(f"output {index}: NaN positions differ from the reference (first at {_unravel(nan_at, ref.shape)})")
+    if inf_at is not None:
+        reasons.append(f"output {index}: infinities differ from the reference (first at {_unravel(inf_at, ref.shape)})")
+    stats = {"max_abs_err": max_abs, "max_rel_err": max_rel, "mismatches": mismatches, "atol": atol, "rtol": rtol}
+    if mismatches:
+        where = _unravel(worst[1], ref.shape)
+        stats["worst"] = {"index": where, "got": worst[2], "expected": worst[3]}
         reasons.append(
-            f"output {index}: {stats['mismatches']} of {ref.numel()} elements outside atol={atol} rtol={rtol}; "
-            f"max abs error {max_abs:.3g}, worst at {where}: got {stats['worst']['got']:.6g}, "
-            f"expected {stats['worst']['expected']:.6g}")
+            f"output {index}: {mismatches} of {ref.numel()} elements outside atol={atol} rtol={rtol}; "
+            f"max abs error {max_abs:.3g}, worst at {where}: got {worst[2]:.6g}, expected {worst[3]:.6g}")
     return reasons, stats
 
 
-def _first(mask: torch.Tensor, shape) -> list[int]:
-    return _unravel(int(torch.argmax(mask.reshape(-1).to(torch.uint8))), shape)
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaNs included), a slice at a time: did forward leave this input unchanged?"""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    for start, stop in _slices(tuple(a.shape)):
+        x, y = _rows(a, start, stop), _rows(b, start, stop)
+        if x.dtype == torch.bool:
+            x, y = x.to(torch.uint8), y.to(torch.uint8)
+        if not torch.equal(x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)):
+            return False
+    return True
 
 
 def _unravel(flat: int, shape) -> list[int]:

@@ -209,9 +209,9 @@ def _compile_main(target_spec: str, small: bool) -> None:
 
     source = sys.stdin.read()
     target = load_target(target_spec)
-    with target.overrides(target.shapes(small=small)[0]):
-        init_inputs, inputs = target.module.get_init_inputs(), target.module.get_inputs()
-        compiled = [compile_triton_starter(source, init_inputs, inputs, specialize=s) for s in (True, False)]
+    module = target.module_for(target.shapes(small=small)[0])
+    init_inputs, inputs = module.get_init_inputs(), module.get_inputs()
+    compiled = [compile_triton_starter(source, init_inputs, inputs, specialize=s) for s in (True, False)]
     print(json.dumps([dataclasses.asdict(c) for c in compiled]))
 
 

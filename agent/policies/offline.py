@@ -105,7 +105,7 @@ class OfflinePolicy:
                            f"Start from the {t.name} {t.language} kernel with its default settings "
                            f"({format_values(t.defaults)}). {t.notes}".strip())
         for anchor in anchors(ctx):
-            facts = diagnose(anchor.result)[1] if anchor.result else {}
+            facts = diagnose(anchor.result)[1]
             about = describe(anchor)
             ptx_moves = self.ptx_moves(anchor, about) if "ptx" in allowed else iter(())
             # One-step tuning first: a better neighbour becomes the next anchor, so cache hints are tried on a
@@ -140,7 +140,7 @@ class OfflinePolicy:
         marker = read_marker(anchor.source)
         if (anchor.language != "triton" or anchor.verdict != "correct" or not marker or "ptx_edit" in marker
                 or marker.get("template") not in self.by_name or self.target is None
-                or len((anchor.result or {}).get("ptx") or {}) != 1):
+                or len(anchor.result.ptx) != 1):
             return
         from agent.kernels import ptx_edits
         compiled = self.ptx_compilations(anchor.source)

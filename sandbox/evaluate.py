@@ -1,0 +1,711 @@
+"""The evaluator: judge one candidate against one target, in stages the graph can call one by one.
+
+    with Session() as session:                       # the trusted machinery of one device, kept across candidates
+        with session.evaluation(target, source) as ev:
+            ev.assemble()    # rules, then the jailed planner records a launch plan per shape; the executor loads them
+            ev.verify()      # the executor replays each plan on fresh seeded inputs; the referee compares
+            ev.profile()     # timings taken by the executor and the referee, interleaved; roofline; Nsight Compute
+        ev.result            # an EvalResult (tools/result.py)
+
+The trust model: a candidate is hostile. Its Python runs only in the jailed planner, whose only product is a plan
+(data). What the plan computes is decided by running it in the executor, on inputs the executor makes, and comparing
+in the referee with a reference the candidate never sees. Only failures can come from a process that ran candidate
+code, and for hidden shapes not even their wording: "hidden variant k: <verdict>".
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import platform
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox import jail
+from sandbox.plan import PlanError, copy_plan, load_plan
+from sandbox.pool import WarmPool
+from sandbox.process import Child, ChildDied, ChildTimeout, read_limited, scratch_root
+from tools import profile, rules
+from tools.inputs import DEVICE
+from tools.numerics import pin_numeric_flags
+from tools.result import (FAILED, VERDICTS, Correctness, Counters, EvalResult, Resources, Roofline, Timing,
+                          VsBest)
+from tools.target import Target
+
+NO_GPU_NOTE = "no CUDA GPU: Triton ran under TRITON_INTERPRET=1 on CPU tensors at small shapes; no timing is real"
+PTX_NOT_RUN = "no CUDA GPU: the PTX was assembled for sm_90 by ptxas but not run"
+EXECUTOR_STATUSES = ("ok", "compile_error", "runtime_error", "rejected", "not_run")
+REFEREE_STATUSES = ("ok", "runtime_error", "error")
+# Calls of forward recorded at the main shape after the compiling one: they must all launch the same plan, so a
+# forward that changes its work after a number of calls is refused rather than judged on its early calls.
+RECORDED_CALLS = 20
+
+
+@dataclass
+class EvalSettings:
+    trials: int = 5                   # on the main shape; each hidden variant gets variant_trials more
+    variant_trials: int = 2
+    seed: int | None = None           # the run's secret; random when None. Never given to a jailed process.
+    timed_calls: int = 30
+    warmup_calls: int = 3             # rounds run (and checked) before the timed ones
+    load_timeout_s: float = 300.0     # import + build + the compiling call, per shape (compile has its own limit)
+    hang_timeout_s: float = 30.0      # one replay of a plan on a GPU, once its compile is done
+    run_timeout_s: float = 120.0      # one replay under the CPU interpreter
+    baseline_timeout_s: float = 900.0  # torch.compile (max-autotune) of the reference, its first call
+    baselines: tuple[str, ...] = ("eager", "compile")
+    # torch.compile (max-autotune) of the reference costs seconds even from its cache. "reuse": measure it once per
+    # session and shape, interleaved with eager, then derive it for later candidates from the eager time measured
+    # beside them (marked derived_from_eager). "measure": every time.
+    compile_baseline: str = "reuse"
+    ncu: bool = False
+    small: bool | None = None         # CPU-sized shapes; default: when there is no GPU
+    max_speedup: float = 10.0         # above this, re-measure and flag
+    paired_calls: int = 30            # rounds of the paired re-measurement against the standing best
+
+    def __post_init__(self):
+        if self.seed is None:
+            self.seed = secrets.randbits(62)
+        if self.small is None:
+            self.small = DEVICE.type != "cuda"
+
+
+def derive_seed(secret: int, *parts) -> int:
+    digest = hashlib.sha256(":".join(map(str, (secret,) + parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 2
+
+
+def versions() -> dict:
+    import torch
+    import triton
+
+    try:
+        import cupy
+        cupy_version = cupy.__version__
+    except Exception:
+        cupy_version = None
+    return {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+            "cupy": cupy_version, "cuda": torch.version.cuda}
+
+
+class _InProcess:
+    """The CPU referee runs inside the evaluator: the same calls as a Child, without a process."""
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def call(self, timeout_s: float, cmd: str, **kwargs) -> dict:
+        return getattr(self.obj, cmd)(**kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class BestKernel:
+    """The standing best of a run: its plans stay on disk, so a challenger can be timed against it side by side."""
+    attempt: int | None
+    directory: Path
+    median_us: float
+    target_sha256: str
+
+
+class Session:
+    """The trusted machinery of one device, kept across candidates: a warm pool of jailed processes, the executor
+    (GPU: one long-lived process; CPU: a jailed one per candidate) and the referee."""
+
+    def __init__(self, spares: int | None = None, settings: EvalSettings | None = None) -> None:
+        pin_numeric_flags()
+        self.cuda = DEVICE.type == "cuda"
+        self.settings = settings or EvalSettings()
+        self.pool = WarmPool(spares=spares if spares is not None else (2 if self.cuda else 1), cuda=self.cuda)
+        self.directory = Path(tempfile.mkdtemp(prefix="kloop-session-", dir=scratch_root()))
+        self._executor: Child | None = None
+        self._referee = None
+        self._gpu: dict | None = None
+        self.compile_to_eager: dict[str, float] = {}   # shape -> torch.compile time / eager time, side by side
+        self.best: BestKernel | None = None
+        self.restarts = 0
+        self._count = 0
+        self._target_sha = ""   # the referee keeps one target's reference models at a time
+
+    @property
+    def isolation(self) -> str:
+        """The isolation mode with its one-line note, as stored with every result and run."""
+        mode = self.pool.isolation
+        return f"{mode.mode}: {mode.note}" if mode.note else mode.mode
+
+    @property
+    def weakly_isolated(self) -> bool:
+        return self.pool.isolation.mode != "bwrap"
+
+    def executor(self) -> Child:
+        """The GPU's executor, restarted if the last candidate took it down."""
+        if self._executor is None or not self._executor.alive():
+            if self._executor is not None:
+                self._executor.close()
+                self.restarts += 1
+            self._executor = Child("sandbox.executor", cuda=True, jailed=False, statuses=EXECUTOR_STATUSES,
+                                   workdir=Path(tempfile.mkdtemp(prefix="executor-", dir=self.directory)))
+            self._executor.wait_ready()
+        return self._executor
+
+    def referee(self):
+        if self._referee is None:
+            if self.cuda:
+                self._referee = Child("sandbox.referee", cuda=True, jailed=False, statuses=REFEREE_STATUSES,
+                                      workdir=Path(tempfile.mkdtemp(prefix="referee-", dir=self.directory)))
+                self._referee.wait_ready()
+            else:
+                from sandbox.referee import Referee
+
+                self._referee = _InProcess(Referee())
+        return self._referee
+
+    def gpu(self) -> dict | None:
+        if self.cuda and self._gpu is None:
+            self._gpu = self.referee().call(60, cmd="gpu")["gpu"]
+        return self._gpu
+
+    def evaluation(self, target: Target, source: str, settings: EvalSettings | None = None) -> "Evaluation":
+        if target.sha256 != self._target_sha:
+            if self._referee is not None:
+                self.referee().call(600, cmd="forget")
+            self._target_sha = target.sha256
+        self._count += 1
+        return Evaluation(self, target, source, settings or self.settings, self._count)
+
+    def adopt_best(self, evaluation: "Evaluation", attempt: int | None, median_us: float | None = None) -> None:
+        """Keep a verified, timed candidate's plans as the one later candidates must beat."""
+        median_us = median_us or evaluation.result.median_us
+        if median_us is None or evaluation.plans_dir is None:
+            return
+        directory = self.directory / f"best-{evaluation.index}"
+        shutil.copytree(evaluation.plans_dir / "0", directory / "0", dirs_exist_ok=True)
+        if self.best is not None:
+            shutil.rmtree(self.best.directory, ignore_errors=True)
+        self.best = BestKernel(attempt, directory, median_us, evaluation.target.sha256)
+
+    def restore_best(self, target: Target, source: str, attempt: int, median_us: float) -> None:
+        """A resumed run's best, planned again so later candidates can be timed against it side by side."""
+        with self.evaluation(target, source) as ev:
+            ev.assemble()
+            if ev.result.verdict is None:
+                self.adopt_best(ev, attempt, median_us)
+
+    def close(self) -> None:
+        self.pool.close()
+        for child in (self._executor, self._referee):
+            if child is not None:
+                child.close()
+        self._executor = self._referee = None
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Evaluation:
+    def __init__(self, session: Session, target: Target, source: str, settings: EvalSettings, index: int) -> None:
+        self.session, self.target, self.source, self.settings, self.index = session, target, source, settings, index
+        self.shapes = target.shapes(settings.small)
+        self.shape_keys = [_shape_key(target, s) for s in self.shapes]
+        self.init_seed = derive_seed(settings.seed, "init")
+        self.planner: Child | None = None
+        self.executor = None
+        self.plans_dir: Path | None = None
+        self.keys: list[str] = []
+        self.output_meta: list[list[dict]] = []
+        self._started = time.perf_counter()
+        self.result = EvalResult(language=rules.detect_language(source), numeric_flags=pin_numeric_flags(),
+                                 gpu=session.gpu(), versions=versions(), isolation=session.isolation)
+
+    # -- assemble: rules, plans, loading ---------------------------------------------------------------------------
+    def assemble(self) -> EvalResult:
+        with self._stage("assemble"):
+            self._assemble()
+        return self.result
+
+    def _assemble(self) -> None:
+        try:
+            broken = rules.check_source(self.source)
+        except SyntaxError as e:
+            return self._finish("compile_error", f"syntax error at line {e.lineno}: {e.msg}")
+        if broken:
+            return self._finish("rejected", *broken)
+        self.planner = self.session.pool.acquire("planner")
+        candidate = self.planner.workdir / "candidate.py"
+        candidate.write_text(self.source)
+        reply = self._call(self.planner, self.settings.load_timeout_s, "load", target_source=self.target.source,
+                           candidate=str(candidate), init_seed=self.init_seed)
+        if not self._ok(reply, hidden=None):
+            return self._close_planner()
+        self.plans_dir = Path(tempfile.mkdtemp(prefix=f"eval-{self.index}-", dir=self.session.directory))
+        for i, shape in enumerate(self.shapes):
+            if i == 1:  # what the candidate prints from here on may carry hidden shapes: keep only what came before
+                self._output_cut = self.planner.output_sizes()
+            reply = self._call(self.planner, self.settings.load_timeout_s, "build", shape=i, overrides=shape,
+                               seed=derive_seed(self.settings.seed, "plan", i))
+            if self._ok(reply, hidden=i or None):  # compiled: from here a hang costs the hang limit, not compile's
+                reply = self._call(self.planner, self._run_timeout(), "record", out=str(self.planner.workdir /
+                                   f"plan-{i}"), records=RECORDED_CALLS if i == 0 else 3)
+            if not self._ok(reply, hidden=i or None):
+                return self._close_planner()
+            try:
+                copy_plan(self.planner.workdir / f"plan-{i}", self.plans_dir / str(i))
+            except PlanError as e:
+                self._close_planner()
+                return self._finish("rejected", *self._hidden(i, "rejected", f"the launch plan: {e}"))
+        self._close_planner()
+        self._load()
+
+    def _load(self) -> None:
+        if self.session.cuda:
+            self.executor = self.session.executor()
+        else:
+            self.executor = self.session.pool.acquire("executor")
+        referee = self.session.referee()
+        self.keys = [f"e{self.index}:{i}" for i in range(len(self.shapes))]
+        for i, (shape, key) in enumerate(zip(self.shapes, self.shape_keys)):
+            referee.call(600, cmd="shape", shape=key, target_source=self.target.source, overrides=shape,
+                         init_seed=self.init_seed)
+            reply = self._call(self.executor, 120, "shape", shape=key, target_source=self.target.source,
+                               overrides=shape)
+            if not self._ok(reply, hidden=i or None):
+                return
+            plan_dir = self.plans_dir / str(i)
+            if not self.session.cuda:  # the jailed executor reads only its own directory
+                shutil.copytree(plan_dir, self.executor.workdir / f"plan-{i}")
+                plan_dir = self.executor.workdir / f"plan-{i}"
+            reply = self._call(self.executor, self.settings.load_timeout_s, "load", key=self.keys[i],
+                               plan_dir=str(plan_dir), shape=key)
+            if reply.get("status") == "not_run":
+                return self._ptx_not_run()
+            if not self._ok(reply, hidden=i or None):
+                return
+            if i == 0:
+                self._take_resources(reply.get("resources") or [])
+            self.output_meta.append([{"dtype": o.dtype, "shape": o.shape}
+                                     for o in load_plan(self.plans_dir / str(i) / "plan.json").outputs])
+        self.result.executed_on = "cuda" if self.session.cuda else "cpu-interpreter"
+
+    def _ptx_not_run(self) -> None:
+        """No GPU: assemble the plan's PTX here (ptxas, trusted) and report its resources; nothing ran."""
+        from tools.assemble import PtxAssembleError, assemble_ptx, sass_of
+
+        plan = load_plan(self.plans_dir / "0" / "plan.json")
+        for k in plan.kernels:
+            if k.kind != "ptx":
+                continue
+            try:
+                assembly = assemble_ptx(k.ptx, "sm_90")
+            except PtxAssembleError as e:
+                return self._finish("compile_error", str(e))
+            usage = assembly.kernels.get(k.name)
+            if usage:
+                self.result.resources.append(Resources(kernel=k.name, source="ptxas", registers=usage["registers"],
+                                                       spills=usage["spill_stores_bytes"] // 4,
+                                                       shared_bytes=usage["shared_bytes"]))
+            self.result.ptx[k.name] = k.ptx
+            sass = sass_of(assembly.cubin)
+            if sass:
+                self.result.sass[k.name] = sass
+            self.result.compile_log = assembly.log
+        self.result.timing_note = PTX_NOT_RUN
+        self._finish("runtime_error", "not run: no CUDA GPU here (PTX is assembled, not run, without a GPU)")
+
+    def _take_resources(self, rows: list[dict]) -> None:
+        from tools.assemble import sass_of
+
+        plan = load_plan(self.plans_dir / "0" / "plan.json")
+        for row in rows:
+            ptx = row.pop("ptx", None)
+            if ptx:
+                self.result.ptx[row["kernel"]] = ptx
+            self.result.resources.append(Resources(**{k: v for k, v in row.items()
+                                                      if k in Resources.__dataclass_fields__}))
+        for k in plan.kernels:
+            if k.kind == "triton" and k.blob:
+                sass = sass_of((plan.directory / k.blob).read_bytes())
+                if sass:
+                    self.result.sass[k.name] = sass
+
+    # -- verify: replay on fresh inputs, compare in the referee ------------------------------------------------------
+    def verify(self) -> EvalResult:
+        if self.result.verdict is not None:
+            return self.result
+        with self._stage("verify"):
+            self._verify()
+        return self.result
+
+    def _verify(self) -> None:
+        stats = Correctness(shapes=len(self.shapes))
+        for i in range(len(self.shapes)):
+            for trial in range(self.settings.trials if i == 0 else self.settings.variant_trials):
+                seed = derive_seed(self.settings.seed, "trial", i, trial)
+                reasons = self._replay_and_check(i, seed, stats, timed=False)
+                if reasons is None:
+                    return
+                stats.trials += 1
+                if reasons:
+                    self.result.correctness = stats
+                    return self._finish("incorrect", *self._hidden(
+                        i, "incorrect", *[f"main shape, trial {trial + 1}: {r}" for r in reasons]))
+        self.result.correctness = stats
+        self.result.verdict = "correct"
+
+    def _replay_and_check(self, i: int, seed: int, stats: Correctness | None, timed: bool,
+                          key: str | None = None) -> list[str] | None:
+        """Fresh inputs, one replay, one comparison. None when the replay itself failed (the verdict is set)."""
+        key = key or self.keys[i]
+        shape_key = self.shape_keys[i]
+        reply = self._call(self.executor, 600, "inputs", shape=shape_key, seed=seed)
+        if not self._ok(reply, hidden=i or None):
+            return None
+        reply = self._call(self.executor, self._run_timeout(), "run", key=key, timed=timed)
+        if not self._ok(reply, hidden=i or None, stage="profile" if timed else ""):
+            return None
+        self._last_run = reply
+        return self._check(i, seed, key, stats)
+
+    def _check(self, i: int, seed: int, key: str, stats: Correctness | None) -> list[str] | None:
+        directory = None
+        if not self.session.cuda:  # the jailed executor writes its outputs in a directory of its own making
+            directory = self.executor.workdir / "out"
+            shutil.rmtree(directory, ignore_errors=True)
+        shared = self._call(self.executor, 600, "share", key=key, dir=str(directory) if directory else None)
+        if not self._ok(shared, hidden=i or None):
+            return None
+        if directory is not None and (directory.is_symlink() or not directory.is_dir()):
+            self._finish("runtime_error", "the executor's output directory is not a directory")
+            return None
+        outputs = shared.get("outputs") or []
+        if directory is not None:  # files: their sizes come from the plan the executor ran, checked on read
+            metas = self.output_meta[i]
+            if len(outputs) != len(metas):
+                return [f"the executor returned {len(outputs)} outputs, the plan has {len(metas)}"]
+            outputs = [dict(m, file=name) for m, name in zip(metas, outputs)]
+        inputs = [None if name is None else ({"file": name} if directory is not None else name)
+                  for name in shared.get("inputs") or []]
+        reply = self.session.referee().call(600, cmd="check", shape=self.shape_keys[i], seed=seed, outputs=outputs,
+                                            inputs=inputs, directory=str(directory) if directory else None)
+        if reply.get("status") != "ok":
+            self._finish("runtime_error", f"the reference failed: {reply.get('message')}")
+            return None
+        found = reply.get("stats") or {}
+        if stats is not None:
+            stats.max_abs_err = max(stats.max_abs_err, found.get("max_abs_err") or 0.0)
+            stats.max_rel_err = max(stats.max_rel_err, found.get("max_rel_err") or 0.0)
+            if found.get("worst"):
+                stats.worst = found["worst"]
+        return list(reply.get("reasons") or [])
+
+    # -- profile: interleaved timing, every timed output checked ------------------------------------------------------
+    def profile(self) -> EvalResult:
+        if self.result.verdict != "correct":
+            return self.result
+        with self._stage("profile"):
+            self._profile()
+        return self.result
+
+    def _profile(self) -> None:
+        referee = self.session.referee()
+        counts = referee.call(600, cmd="roofline_counts", shape=self.shape_keys[0],
+                              seed=derive_seed(self.settings.seed, "roofline"))
+        if counts.get("status") != "ok":
+            return self._finish("runtime_error", f"the reference failed: {counts.get('message')}")
+        if not self.session.cuda:
+            self.result.timing_note = NO_GPU_NOTE
+            self.result.roofline = Roofline(bytes=counts["bytes"], flops=counts["flops"])
+            return
+        timings = self._time(derive_seed(self.settings.seed, "time"))
+        if timings is None:
+            return
+        gpu = self.result.gpu
+        roof = Roofline(**profile.roofline(counts["bytes"], counts["flops"], gpu, timings["candidate"].median,
+                                           _dtype_key(counts["dtype"])))
+        speedup = _speedups(timings)
+        suspicious = (speedup and max(speedup.values()) > self.settings.max_speedup) or \
+            (roof.sol_us and timings["candidate"].median < roof.sol_us)
+        if suspicious:  # measure again before believing it, and say so either way
+            again = self._time(derive_seed(self.settings.seed, "time", "again"))
+            if again is None:
+                return
+            timings, speedup = again, _speedups(again)
+            roof = Roofline(**profile.roofline(counts["bytes"], counts["flops"], gpu, timings["candidate"].median,
+                                               _dtype_key(counts["dtype"])))
+            if speedup and max(speedup.values()) > self.settings.max_speedup:
+                self.result.flags.append(f"speedup_over_{self.settings.max_speedup:g}x_remeasured")
+            if roof.sol_us and timings["candidate"].median < roof.sol_us:
+                self.result.flags.append("below_speed_of_light_remeasured")
+        self.result.time_us = timings.pop("candidate")
+        self.result.baselines = timings or None
+        self.result.speedup = speedup
+        self.result.roofline = roof
+        best = self.session.best
+        if best is not None and best.target_sha256 == self.target.sha256 and \
+                self.result.time_us.median < best.median_us:
+            self._versus_best(best)
+        if self.settings.ncu:
+            self.result.ncu = self._ncu()
+
+    def _time(self, seed: int) -> dict[str, Timing] | None:
+        """Interleaved rounds: fresh inputs each round, the candidate (executor) and each baseline (referee) in a
+        rotating order, every candidate output checked against the round's reference. None if it misbehaved."""
+        names = ["candidate"] + list(self.settings.baselines)
+        ratio_key = self.shape_keys[0]
+        derive = self.settings.compile_baseline == "reuse" and "compile" in names and "eager" in names and \
+            ratio_key in self.session.compile_to_eager
+        if derive:
+            names.remove("compile")
+        samples: dict[str, list[float]] = {name: [] for name in names}
+        wall: dict[str, float] = dict.fromkeys(names, 0.0)
+        before = profile.nvml_snapshot()
+        referee = self.session.referee()
+        rounds = self.settings.warmup_calls + self.settings.timed_calls
+        for r in range(rounds):
+            round_seed = derive_seed(seed, r)
+            reply = self._call(self.executor, 600, "inputs", shape=self.shape_keys[0], seed=round_seed)
+            if not self._ok(reply, hidden=None, stage="profile"):
+                return None
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                if name == "candidate":
+                    reply = self._call(self.executor, self._run_timeout(), "run", key=self.keys[0], timed=True)
+                    if not self._ok(reply, hidden=None, stage="profile"):
+                        return None
+                else:
+                    reply = referee.call(self.settings.baseline_timeout_s, cmd="time", name=name,
+                                         shape=self.shape_keys[0], seed=round_seed)
+                    if reply.get("status") != "ok":
+                        self.result.flags.append(f"baseline_{name}_failed: {str(reply.get('message'))[:200]}")
+                        names.remove(name)
+                        samples.pop(name)
+                        continue
+                if r >= self.settings.warmup_calls:
+                    samples[name].append(reply["ms"])
+                    wall[name] += reply["wall_ms"]
+            reasons = self._check(0, round_seed, self.keys[0], None)
+            if reasons is None:
+                return None
+            if reasons:  # a kernel must be right every time it is timed, not only when it was verified
+                self._finish("incorrect", *[f"timed call {r + 1}: {reason}" for reason in reasons])
+                return None
+        after = profile.nvml_snapshot()
+        timings = {name: Timing(**profile.summarize(s), events_total_ms=sum(s), wall_total_ms=wall[name])
+                   for name, s in samples.items() if s}
+        if derive:
+            ratio = self.session.compile_to_eager[ratio_key]
+            timings["compile"] = Timing(median=timings["eager"].median * ratio, derived_from_eager=True,
+                                        compile_to_eager=ratio)
+        elif "compile" in timings and "eager" in timings:
+            self.session.compile_to_eager[ratio_key] = timings["compile"].median / timings["eager"].median
+        throttled = profile.throttle_reasons(before, after) if before and after else []
+        self.result.nvml = {"before": before, "after": after, "throttled": bool(throttled), "reasons": throttled}
+        if throttled and "throttled" not in self.result.flags:
+            self.result.flags.append("throttled")
+        cand = timings["candidate"]
+        if cand.events_total_ms > cand.wall_total_ms * 1.05:
+            self.result.flags.append("events_exceed_wall_clock")
+        return timings
+
+    def _versus_best(self, best: BestKernel) -> None:
+        """A would-be new best is timed again against the standing best, interleaved round by round, and counts
+        as faster only when the 95% confidence interval of the time ratio lies above 1."""
+        key = f"best{self.index}"
+        reply = self._call(self.executor, self.settings.load_timeout_s, "load", key=key,
+                           plan_dir=str(best.directory / "0"), shape=self.shape_keys[0])
+        if reply.get("status") != "ok":
+            self.result.flags.append(f"versus_best_failed: {str(reply.get('message'))[:200]}")
+            return
+        ratios = []
+        try:
+            for r in range(self.settings.paired_calls):
+                seed = derive_seed(self.settings.seed, "paired", r)
+                reply = self._call(self.executor, 600, "inputs", shape=self.shape_keys[0], seed=seed)
+                if not self._ok(reply, hidden=None, stage="profile"):
+                    return
+                times = {}
+                for which in ((self.keys[0], key) if r % 2 == 0 else (key, self.keys[0])):
+                    reply = self._call(self.executor, self._run_timeout(), "run", key=which, timed=True)
+                    if not self._ok(reply, hidden=None, stage="profile"):
+                        return
+                    times[which] = reply["ms"]
+                reasons = self._check(0, seed, self.keys[0], None)
+                if reasons is None:
+                    return
+                if reasons:
+                    return self._finish("incorrect", *[f"paired timing {r + 1}: {x}" for x in reasons])
+                ratios.append(times[key] / times[self.keys[0]])
+        finally:
+            if self.executor.alive():
+                self._call(self.executor, 60, "unload", key=key)
+        self.result.vs_best = paired_ratio(ratios, best.attempt)
+
+    def _ncu(self) -> dict[str, Counters] | None:
+        spec = {"plan_dir": str(self.plans_dir / "0"), "target_source": self.target.source,
+                "overrides": self.shapes[0], "seed": derive_seed(self.settings.seed, "ncu"), "calls": 3}
+        spec_path = self.plans_dir / "ncu-spec.json"
+        spec_path.write_text(json.dumps(spec))
+        names = [r.kernel for r in self.result.resources]
+        try:
+            found = profile.run_ncu([sys.executable, "-m", "sandbox.executor", "--profile", str(spec_path)],
+                                    kernel_regex="|".join(names) or None, timeout_s=300)
+        except Exception as e:  # counters are optional: their absence is reported, never fatal
+            self.result.flags.append(f"ncu_failed: {str(e)[:200]}")
+            return None
+        return {name: Counters(**{k: v for k, v in c.items() if k in Counters.__dataclass_fields__})
+                for name, c in found.items()}
+
+    def adopt_as_best(self, attempt: int | None) -> None:
+        """This candidate is the run's best now: later ones are timed against it, side by side."""
+        self.session.adopt_best(self, attempt)
+
+    # -- plumbing ------------------------------------------------------------------------------------------------
+    def _run_timeout(self) -> float:
+        return self.settings.hang_timeout_s if self.session.cuda else self.settings.run_timeout_s
+
+    def _call(self, child, timeout_s: float, cmd: str, **kwargs) -> dict:
+        started = time.perf_counter()
+        try:
+            return child.call(timeout_s, cmd=cmd, **kwargs)
+        except ChildTimeout as e:
+            return {"status": "timeout", "message": f"{cmd}: {e}; the process and everything it started were killed"}
+        except ChildDied as e:
+            return {"status": "runtime_error", "message": f"{cmd}: {e}"}
+        finally:  # where an evaluation's time goes: waiting on other processes, per command (the rest is ours)
+            waited = self.result.durations_s.setdefault("waited", {})
+            waited[cmd] = round(waited.get(cmd, 0.0) + time.perf_counter() - started, 3)
+
+    def _ok(self, reply: dict, hidden: int | None, stage: str = "") -> bool:
+        status = reply.get("status")
+        if status == "ok":
+            return True
+        message = str(reply.get("message") or "no reason given")
+        verdict = status if status in VERDICTS else "runtime_error"
+        if hidden is None and reply.get("traceback"):
+            self.result.compile_log = (self.result.compile_log + "\n" + str(reply["traceback"])).strip()
+        if stage == "profile" and verdict != "timeout":
+            message = f"failed while being timed: {message}"
+        self._finish(verdict, *self._hidden(hidden, verdict, message))
+        return False
+
+    def _hidden(self, index: int | None, verdict: str, *reasons: str) -> list[str]:
+        """Reasons as the policy may see them: nothing about a hidden shape but its number and the verdict."""
+        return list(reasons) if not index else [f"hidden variant {index}: {verdict}"]
+
+    def _finish(self, verdict: str, *reasons: str) -> None:
+        if self.result.verdict is None or self.result.verdict == "correct":
+            self.result.verdict = verdict
+            self.result.reasons += list(reasons)
+        if not self.session.cuda and self.result.timing_note is None:
+            self.result.timing_note = NO_GPU_NOTE
+
+    def _close_planner(self) -> None:
+        if self.planner is None:
+            return
+        cut = getattr(self, "_output_cut", None)
+        self.result.stdout = read_limited(self.planner.stdout_path, stop=cut[0] if cut else None)
+        self.result.stderr = read_limited(self.planner.stderr_path, stop=cut[1] if cut else None)
+        self.planner.close()
+        self.planner = None
+
+    def _stage(self, name: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.result.durations_s[name] = round(time.perf_counter() - t0, 3)
+        return timed()
+
+    def close(self) -> EvalResult:
+        self._close_planner()
+        if self.executor is not None:
+            if self.session.cuda:
+                if self.executor.alive():
+                    for key in self.keys:
+                        self._call(self.executor, 60, "unload", key=key)
+                    self._call(self.executor, 60, "release")
+                with contextlib.suppress(ChildDied, ChildTimeout):
+                    self.session.referee().call(60, cmd="release")
+            else:
+                self.executor.close()
+            self.executor = None
+        if self.plans_dir is not None and (self.session.best is None or self.plans_dir != self.session.best.directory):
+            shutil.rmtree(self.plans_dir, ignore_errors=True)
+        if self.session.restarts:
+            self.result.durations_s["executor_restarts"] = self.session.restarts
+        self.result.durations_s["total"] = round(time.perf_counter() - self._started, 3)
+        return self.result
+
+    def __enter__(self) -> "Evaluation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def paired_ratio(ratios: list[float], best_attempt: int | None) -> VsBest:
+    """best time / candidate time per round; a 95% t-interval of the mean log-ratio, back on the ratio scale."""
+    logs = [math.log(r) for r in ratios if r > 0]
+    n = len(logs)
+    mean = statistics.fmean(logs) if logs else 0.0
+    half = _t975(n - 1) * statistics.stdev(logs) / math.sqrt(n) if n > 1 else math.inf
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    outcome = "faster" if low > 1.0 else "slower" if high < 1.0 else "tie"
+    return VsBest(best_attempt=best_attempt, ratio=math.exp(mean), ci_low=low, ci_high=high, n=n, outcome=outcome)
+
+
+def _t975(df: int) -> float:
+    """Student's t 97.5% quantile (two-sided 95%)."""
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+             12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+    if df <= 0:
+        return math.inf
+    for k in sorted(table):
+        if df <= k:
+            return table[k]
+    return 1.960
+
+
+def _speedups(timings: dict[str, Timing]) -> dict[str, float] | None:
+    cand = timings["candidate"].median
+    out = {name: timings[name].median / cand for name in ("eager", "compile") if name in timings and cand}
+    return out or None
+
+
+def _dtype_key(name: str) -> str | None:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name)
+
+
+def _shape_key(target: Target, shape: dict) -> str:
+    return hashlib.sha256((target.source + json.dumps(shape, sort_keys=True, default=str)).encode()).hexdigest()[:16]
+
+
+def evaluate(target: Target, source: str, settings: EvalSettings | None = None,
+             session: Session | None = None) -> EvalResult:
+    """All three stages in a session of their own (or the given one); the verdict stops the ones after a failure."""
+    own = session is None
+    session = session or Session(spares=0, settings=settings)
+    try:
+        with session.evaluation(target, source, settings) as ev:
+            ev.assemble()
+            ev.verify()
+            ev.profile()
+        return ev.result
+    finally:
+        if own:
+            session.close()

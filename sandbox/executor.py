@@ -1,0 +1,469 @@
+"""The executor: replays launch plans on inputs it makes itself, and times them. Never imports candidate code.
+
+On a GPU it is one long-lived trusted process per GPU. It loads each plan's kernels through Triton's own machinery
+(the cache entry's cubin and metadata rebuilt into a `CompiledKernel`, launched by Triton's launcher) or through
+CuPy for PTX (assembled here by ptxas), allocates the plan's buffers, and runs its steps on a stream of its own.
+A kernel that takes the CUDA context down (an illegal address) ends the process; the evaluator starts another.
+
+Without a GPU the kernels are Triton-language source run by Triton's interpreter, which is Python: then this
+program runs jailed, fresh for each candidate, and only the kernel functions travel (checked by
+tools.rules.check_jit_function, rebuilt into a module of our own making), never the candidate's module.
+
+Commands (JSON lines in, JSON lines out on the control fd), see sandbox/evaluate.py for the caller:
+    shape {shape, target_source, overrides}      the target module for one shape
+    load {key, plan_dir, shape}                  a plan's kernels and buffers; replies with kernel resources
+    inputs {shape, seed}                         fresh inputs for a shape (same seed, same bits as the referee's)
+    run {key, timed}                             poison the plan's allocations, run its steps (timed: cold L2, events)
+    share {key, dir}                             outputs and inputs for the referee: IPC handles, or files in dir
+    unload {key}
+    release                                      free the inputs and the allocator's cache (between candidates)
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from sandbox import plan as planfmt
+from tools.inputs import DEVICE, make_inputs
+from tools.numerics import pin_numeric_flags
+from tools.target import module_from_source
+
+LAUNCH_COVER_CYCLES = 1_000_000  # about 0.5 ms at Hopper's ~2 GHz SM clock: hides the host's launch path
+POISON = 0xFF                    # NaN bits in every float format
+
+_NUMPY = {"i1": "int8", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u1": "uint8", "u8": "uint8",
+          "u16": "uint16", "u32": "uint32", "u64": "uint64", "fp16": "float16", "fp32": "float32", "f32": "float32",
+          "fp64": "float64", "bf16": "float32"}
+
+
+class ExecutorError(Exception):
+    """A failure to report as a verdict; `fatal` when the CUDA context is unusable afterwards."""
+
+    def __init__(self, status: str, message: str, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.fatal = status, fatal
+
+
+class DevicePointer:
+    """An address with `data_ptr()`, which Triton's launcher and its TMA descriptor code accept for a tensor."""
+
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+class HostDescriptor:
+    """The fields of triton.tools.tensor_descriptor.TensorDescriptor that Triton's launcher reads."""
+
+    def __init__(self, base, shape, strides, block_shape, padding) -> None:
+        self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, padding
+
+
+def view(buffer: torch.Tensor, offset: int, dtype: str, shape: list[int], stride: list[int]) -> torch.Tensor:
+    """A typed, strided view into a flat uint8 buffer (bounds were checked when the plan was loaded)."""
+    torch_dtype = getattr(torch, dtype)
+    itemsize = planfmt.ITEMSIZE[dtype]
+    return torch.empty(0, dtype=torch_dtype, device=buffer.device).set_(
+        buffer.untyped_storage(), buffer.storage_offset() // itemsize + offset // itemsize, shape, stride)
+
+
+class Loaded:
+    """One plan made runnable here: its kernels, its allocations and its state."""
+
+    def __init__(self, plan: planfmt.Plan, shape: str, kernels: list, allocs: list, state: list) -> None:
+        self.plan, self.shape, self.kernels, self.allocs, self.state = plan, shape, kernels, allocs, state
+        self.outputs: list[torch.Tensor] = []
+
+
+class Executor:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.shapes: dict[str, object] = {}
+        self.held: dict[str, list] = {}   # shape -> the inputs made last (one shape at a time)
+        self.loaded: dict[str, Loaded] = {}
+        self._modules = 0
+        self.cuda = DEVICE.type == "cuda"
+        if self.cuda:
+            self.stream = torch.cuda.Stream()
+            l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
+            self.flush = torch.empty(2 * l2, dtype=torch.uint8, device=DEVICE)
+            import triton
+
+            triton.set_allocator(self._scratch)  # Triton kernels that need global scratch get it from us
+
+    @staticmethod
+    def _scratch(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device=DEVICE)
+
+    # -- commands -------------------------------------------------------------------------------------------------
+    def shape(self, shape: str, target_source: str, overrides: dict) -> dict:
+        self.shapes[shape] = module_from_source(target_source, overrides, f"kloop_target_{shape}")
+        return {"status": "ok"}
+
+    def load(self, key: str, plan_dir: str, shape: str) -> dict:
+        plan = planfmt.load_plan(Path(plan_dir) / planfmt.PLAN_FILE)
+        if any(k.kind == "ptx" for k in plan.kernels) and not self.cuda:
+            return {"status": "not_run", "message": "no CUDA GPU: the PTX was assembled but cannot run here"}
+        kernels = [self._kernel(k, plan) for k in plan.kernels]
+        allocs = [torch.empty(n, dtype=torch.uint8, device=DEVICE) for n in plan.allocs]
+        state = []
+        for entry in plan.state:
+            data = planfmt.read_untrusted(plan.blob_path(entry["blob"]), entry["nbytes"], exact=entry["nbytes"])
+            state.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(DEVICE) if data else
+                         torch.empty(0, dtype=torch.uint8, device=DEVICE))
+        loaded = Loaded(plan, shape, kernels, allocs, state)
+        loaded.outputs = [view(allocs[o.ref.index], o.offset, o.dtype, o.shape, o.stride) for o in plan.outputs]
+        self.loaded[key] = loaded
+        return {"status": "ok", "resources": [self._resources(k, plan, kernel)
+                                              for k, kernel in zip(plan.kernels, kernels)]}
+
+    def inputs(self, shape: str, seed: int) -> dict:
+        self.held.clear()  # free the old set first: at full size two may not fit
+        self.held[shape] = make_inputs(self.shapes[shape], seed)
+        return {"status": "ok"}
+
+    def run(self, key: str, timed: bool = False) -> dict:
+        loaded = self.loaded[key]
+        inputs = self.held[loaded.shape]
+        self._check_inputs(loaded.plan, inputs)
+        for buffer in loaded.allocs:  # no allocation may hold an old answer (or anything else) when forward starts
+            buffer.fill_(POISON)
+        if not self.cuda:
+            began = time.perf_counter()
+            self._steps(loaded, inputs)
+            return {"status": "ok", "wall_ms": (time.perf_counter() - began) * 1e3}
+        with torch.cuda.stream(self.stream):
+            if timed:
+                _reset_persisting_l2()
+                self.flush.zero_()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            began = time.perf_counter()
+            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
+            start.record()
+            self._steps(loaded, inputs)
+            end.record()
+            torch.cuda.synchronize()
+            wall_ms = (time.perf_counter() - began) * 1e3
+        return {"status": "ok", "ms": start.elapsed_time(end), "wall_ms": wall_ms}
+
+    def share(self, key: str, dir: str | None = None) -> dict:
+        loaded = self.loaded[key]
+        inputs = self.held[loaded.shape]
+        if self.cuda:
+            from sandbox.ipc import describe
+
+            return {"status": "ok", "outputs": [describe(t) for t in loaded.outputs],
+                    "inputs": [describe(x) if isinstance(x, torch.Tensor) else None for x in inputs]}
+        files = {"outputs": [], "inputs": []}
+        Path(dir).mkdir(exist_ok=True)
+        for kind, tensors in (("outputs", loaded.outputs), ("inputs", inputs)):
+            for i, t in enumerate(tensors):
+                if not isinstance(t, torch.Tensor):
+                    files[kind].append(None)
+                    continue
+                path = Path(dir) / f"{kind}-{i}.bin"
+                raw = t.contiguous().view(-1).view(torch.uint8) if t.dtype != torch.bool else \
+                    t.contiguous().view(-1).to(torch.uint8)
+                raw.numpy().tofile(path)
+                files[kind].append(path.name)
+        return {"status": "ok", **files}
+
+    def unload(self, key: str) -> dict:
+        self.loaded.pop(key, None)
+        return {"status": "ok"}
+
+    def release(self) -> dict:
+        """Between candidates: free the inputs, and the allocator's cache, so the next target has the memory."""
+        self.held.clear()
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return {"status": "ok"}
+
+    # -- kernels --------------------------------------------------------------------------------------------------
+    def _kernel(self, k: planfmt.Kernel, plan: planfmt.Plan):
+        if k.kind == "triton":
+            return self._triton(k, plan)
+        if k.kind == "ptx":
+            from tools.assemble import PtxAssembleError
+            from tools.launch import _assemble_cached, _load_function
+
+            major, minor = torch.cuda.get_device_capability(DEVICE)
+            try:
+                assembly = _assemble_cached(k.ptx, f"sm_{major}{minor}")
+            except PtxAssembleError as e:
+                raise ExecutorError("compile_error", str(e)) from None
+            if k.name not in assembly.kernels:
+                raise ExecutorError("compile_error", f"PTX has no entry {k.name}")
+            k.resources = assembly.kernels[k.name]
+            return _load_function(assembly.cubin, k.name, DEVICE.index or 0)
+        return self._interpreted(k)
+
+    def _triton(self, k: planfmt.Kernel, plan: planfmt.Plan):
+        from types import SimpleNamespace
+
+        from triton.compiler.compiler import CompiledKernel
+
+        group_dir = self.workdir / "kernels" / k.hash
+        group_dir.mkdir(parents=True, exist_ok=True)
+        metadata = group_dir / f"{k.name}.json"
+        cubin = group_dir / f"{k.name}.cubin"
+        metadata.write_text(json.dumps(k.metadata))
+        cubin.write_bytes(planfmt.read_untrusted(plan.blob_path(k.blob), 1 << 30))
+        src = SimpleNamespace(fn=SimpleNamespace(arg_names=k.arg_names), signature=k.signature, constants={})
+        try:
+            compiled = CompiledKernel(src, {metadata.name: str(metadata), cubin.name: str(cubin)}, k.hash)
+            compiled._init_handles()
+        except Exception as e:
+            raise ExecutorError("runtime_error", f"Triton could not load kernel {k.name}: {type(e).__name__}: "
+                                f"{str(e)[:300]}") from None
+        return compiled
+
+    def _interpreted(self, k: planfmt.Kernel):
+        """The kernel and the jit functions it calls, rebuilt as a module of our own: checked sources, constants as
+        literals, and only the modules a Triton kernel may name."""
+        from tools.rules import check_jit_function
+
+        lines = ["import triton", "import triton.language"]
+        for alias, module in k.aliases.items():
+            target = "sandbox.libdevice_cpu" if module == "triton.language.extra.libdevice" else module
+            lines.append(f"import {target} as {alias}" if "." in target else f"import {target} as {alias}")
+        for name, value in k.constants.items():
+            lines.append(f"{name} = {_literal(value)}")
+        for name, source in k.functions.items():
+            reasons = check_jit_function(source, constants=set(k.constants), kernels=set(k.functions),
+                                         aliases=k.aliases)
+            if reasons:
+                raise ExecutorError("rejected", f"kernel {name}: {reasons[0]}")
+            tree = ast.parse(source)
+            if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].name != name:
+                raise ExecutorError("rejected", f"the source of kernel {name} is not one function named {name}")
+            tree.body[0].decorator_list = [ast.parse("triton.jit", mode="eval").body]
+            lines.append(ast.unparse(tree))
+        self._modules += 1
+        path = self.workdir / "kernels" / f"{k.name}_{self._modules}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n\n".join(lines) + "\n")
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"kloop_kernels_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return getattr(module, k.name)
+
+    def _resources(self, k: planfmt.Kernel, plan: planfmt.Plan, kernel) -> dict:
+        launches = [s for s in plan.steps if isinstance(s, planfmt.Launch) and plan.kernels[s.kernel] is k]
+        row = {"kernel": k.name, "launches": len(launches)}
+        if k.kind == "triton":
+            from tools.assemble import triton_kernel_resources
+
+            row.update({key: v for key, v in triton_kernel_resources(kernel).items() if key not in ("ptx", "arch")})
+            row["ptx"] = k.ptx
+        elif k.kind == "ptx":
+            usage = k.resources
+            block = launches[0].block if launches else [1, 1, 1]
+            dynamic = launches[0].shared if launches else 0
+            row.update(source="ptxas", registers=usage["registers"], spills=usage["spill_stores_bytes"] // 4,
+                       shared_bytes=usage["shared_bytes"] + dynamic, threads=block[0] * block[1] * block[2])
+            row["ptx"] = k.ptx
+        else:
+            row["source"] = "triton-interpreter"
+        return row
+
+    # -- running --------------------------------------------------------------------------------------------------
+    def _check_inputs(self, plan: planfmt.Plan, inputs: list) -> None:
+        if len(inputs) != len(plan.inputs):
+            raise ExecutorError("runtime_error", "the plan was made for another number of inputs")
+        for i, (x, spec) in enumerate(zip(inputs, plan.inputs)):
+            if spec.dtype is None:
+                continue
+            if not isinstance(x, torch.Tensor) or str(x.dtype).removeprefix("torch.") != spec.dtype or \
+                    list(x.shape) != spec.shape or list(x.stride()) != spec.stride or \
+                    x.untyped_storage().nbytes() != spec.nbytes:
+                raise ExecutorError("runtime_error", f"the plan was made for another input {i}")
+
+    def _buffer(self, loaded: Loaded, inputs: list, ref: planfmt.Ref) -> torch.Tensor:
+        if ref.kind == "input":
+            x = inputs[ref.index]
+            storage = x.untyped_storage()
+            return torch.empty(0, dtype=torch.uint8, device=x.device).set_(storage, 0, (storage.nbytes(),), (1,))
+        return (loaded.allocs if ref.kind == "alloc" else loaded.state)[ref.index]
+
+    def _address(self, loaded, inputs, p: planfmt.Pointer) -> int:
+        return 0 if p.ref is None else self._buffer(loaded, inputs, p.ref).data_ptr() + p.offset
+
+    def _steps(self, loaded: Loaded, inputs: list) -> None:
+        plan = loaded.plan
+        for step in plan.steps:
+            if isinstance(step, planfmt.Fill):
+                view(self._buffer(loaded, inputs, step.ref), step.offset, step.dtype, step.shape,
+                     step.stride).fill_(step.value)
+                continue
+            kind = plan.kernels[step.kernel].kind
+            kernel = loaded.kernels[step.kernel]
+            if kind == "triton":
+                args = [self._triton_arg(loaded, inputs, a) for a in step.args]
+                kernel[tuple(step.grid)](*args)
+            elif kind == "ptx":
+                from tools.launch import launch_function
+
+                launch_function(kernel, tuple(step.grid), tuple(step.block),
+                                [self._ptx_arg(loaded, inputs, a) for a in step.args], step.shared,
+                                torch.cuda.current_stream())
+            else:
+                kernel[tuple(step.grid)](*[self._interpreted_arg(loaded, inputs, a) for a in step.args])
+
+    def _triton_arg(self, loaded, inputs, a):
+        if isinstance(a, tuple):
+            return tuple(self._triton_arg(loaded, inputs, x) for x in a)
+        if isinstance(a, planfmt.Pointer):
+            return None if a.ref is None else self._address(loaded, inputs, a)
+        if isinstance(a, planfmt.Scalar):
+            return a.value
+        if isinstance(a, planfmt.Descriptor):
+            return HostDescriptor(DevicePointer(self._address(loaded, inputs, a.base)), a.shape, a.strides,
+                                  a.block_shape, a.padding)
+        return None  # constexpr: baked into the cubin, ignored by the launcher
+
+    def _ptx_arg(self, loaded, inputs, a):
+        import numpy as np
+
+        if isinstance(a, planfmt.Pointer):
+            return np.uint64(self._address(loaded, inputs, a))
+        if isinstance(a, planfmt.Scalar):
+            return getattr(np, _NUMPY[a.type])(a.value)
+        raise ExecutorError("rejected", "a PTX launch argument must be a pointer or a scalar")
+
+    def _interpreted_arg(self, loaded, inputs, a):
+        if isinstance(a, tuple):
+            return tuple(self._interpreted_arg(loaded, inputs, x) for x in a)
+        if isinstance(a, planfmt.Pointer):
+            if a.ref is None:
+                return None
+            buffer = self._buffer(loaded, inputs, a.ref)
+            itemsize = planfmt.ITEMSIZE[a.dtype]
+            count = max(0, (buffer.numel() - a.offset) // itemsize)
+            return view(buffer, a.offset - a.offset % itemsize, a.dtype, [count], [1])
+        if isinstance(a, planfmt.Scalar):
+            return a.value
+        if isinstance(a, planfmt.Constexpr):
+            return _constexpr(a.value)
+        raise ExecutorError("rejected", "tensor descriptors need a GPU")
+
+
+def _literal(value) -> str:
+    if isinstance(value, str) and value.startswith("tl."):
+        return f"triton.language.dtype({value[3:]!r})"
+    return repr(value)
+
+
+def _constexpr(value):
+    if isinstance(value, str) and value.startswith("tl."):
+        import triton.language as tl
+
+        return tl.dtype(value[3:])
+    return value
+
+
+def _reset_persisting_l2() -> None:
+    """Evict lines a kernel marked persisting (cudaCtxResetPersistingL2Cache): the L2 flush cannot."""
+    import ctypes
+
+    global _cuda_driver
+    if _cuda_driver is None:
+        try:
+            _cuda_driver = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            _cuda_driver = False
+    if _cuda_driver:
+        _cuda_driver.cuCtxResetPersistingL2Cache()
+
+
+_cuda_driver = None
+
+
+def _is_interpreter_compile_failure(e: BaseException) -> bool:
+    """Under the interpreter a kernel first meets its names when it runs: those errors are what Triton's compiler
+    would have reported."""
+    from triton.runtime.interpreter import InterpreterError
+
+    return isinstance(e, InterpreterError) and isinstance(e.__cause__, (NameError, SyntaxError))
+
+
+def _is_cuda_failure(e: BaseException) -> bool:
+    text = f"{type(e).__name__}: {e}"
+    return any(s in text for s in ("CUDA error", "CUDA_ERROR", "cudaError", "illegal memory access",
+                                   "illegal instruction", "misaligned address", "unspecified launch failure",
+                                   "CUDADriverError", "an illegal", "device-side assert"))
+
+
+def serve(reply, workdir: Path) -> None:
+    """Answer commands until stdin closes, `exit` comes, or the CUDA context is lost."""
+    executor = Executor(workdir)
+    for line in sys.stdin:
+        fatal = False
+        try:
+            cmd = json.loads(line)
+            op = cmd.pop("cmd")
+            if op == "exit":
+                break
+            if op not in ("shape", "load", "inputs", "run", "share", "unload", "release"):
+                raise ExecutorError("runtime_error", f"unknown command {op!r}")
+            answer = getattr(executor, op)(**cmd)
+        except ExecutorError as e:
+            answer, fatal = {"status": e.status, "message": str(e)}, e.fatal
+        except planfmt.PlanError as e:
+            answer = {"status": "rejected", "message": f"the launch plan is malformed: {e}"}
+        except torch.OutOfMemoryError as e:
+            executor.held.clear()
+            answer = {"status": "runtime_error", "message": f"out of memory: {str(e).splitlines()[0][:300]}"}
+        except BaseException as e:  # a kernel that crashed, or a bug of ours: report, and leave if CUDA is gone
+            fatal = executor.cuda and _is_cuda_failure(e)
+            answer = {"status": "compile_error" if _is_interpreter_compile_failure(e) else "runtime_error",
+                      "message": f"{type(e).__name__}: {str(e)[:2000]}",
+                      "traceback": traceback.format_exc(limit=-6)[-4000:]}
+        answer["fatal"] = fatal
+        reply.write(json.dumps(answer) + "\n")
+        if fatal:
+            break
+
+
+def profile_main(spec_path: str) -> None:
+    """Standalone replay for Nsight Compute: load one plan, make inputs, run it a few times, exit."""
+    import tempfile
+
+    spec = json.loads(Path(spec_path).read_text())
+    executor = Executor(Path(tempfile.mkdtemp(prefix="kloop-ncu-")))
+    executor.shape("main", spec["target_source"], spec["overrides"])
+    executor.load("main", spec["plan_dir"], "main")
+    executor.inputs("main", spec["seed"])
+    for _ in range(spec["calls"]):
+        executor.run("main")
+
+
+def main() -> None:
+    """The long-lived executor of one GPU (trusted: it never runs candidate Python)."""
+    pin_numeric_flags()
+    if sys.argv[1] == "--profile":
+        return profile_main(sys.argv[2])
+    reply = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+    if DEVICE.type == "cuda":
+        torch.zeros(1, device=DEVICE)
+    reply.write(json.dumps({"status": "ready"}) + "\n")
+    serve(reply, Path(sys.argv[2]))
+    reply.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""One child process driven over JSON lines, with deadlines: the planner, the executor and the referee all are.
+
+Commands go to the child's stdin; replies come back on a pipe of their own (never stdout or stderr, which belong to
+whatever the child runs and are only stored, size-capped). A reply is untrusted input: one line of at most
+MAX_REPLY bytes holding a JSON object whose status is one of the statuses its caller allows, else the child is
+killed and the call fails with a one-line reason. A child is its own session (process group) and, when jailed,
+its own PID namespace, so killing it kills everything it started.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sandbox import jail
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MAX_REPLY = 1 << 20
+OUTPUT_LIMIT = 64 * 1024  # bytes of a child's stdout/stderr kept
+ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
+                 "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "TRITON_INTERPRET",
+                 "TRITON_PTXAS_PATH", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+                 "TRITON_DEFAULT_FP_FUSION")
+
+
+class ChildDied(Exception):
+    """The child exited, was killed, or broke the protocol; the message says how."""
+
+
+class ChildTimeout(Exception):
+    pass
+
+
+def scratch_root() -> Path:
+    """Where children's working directories go: $KLOOP_SCRATCH, else RAM when there is /dev/shm (plans and outputs
+    are written there), else the temp dir."""
+    if os.environ.get("KLOOP_SCRATCH"):
+        root = Path(os.environ["KLOOP_SCRATCH"])
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def clean_env(workdir: Path, cuda: bool) -> dict:
+    """An environment from an allowlist: no API keys, tokens or anything else of the caller's."""
+    env = {k: os.environ[k] for k in ENV_ALLOWLIST if k in os.environ}
+    env.update(HOME=str(workdir), TMPDIR=str(workdir), TRITON_CACHE_DIR=str(workdir / "triton-cache"),
+               PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1",
+               TRITON_DEFAULT_FP_FUSION=os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"))
+    if not cuda:
+        env["TRITON_INTERPRET"] = "1"  # no GPU: Triton kernels run on CPU tensors
+    return env
+
+
+class Child:
+    """A started program; `call` sends one command and waits for its reply within a deadline."""
+
+    def __init__(self, module: str, *, cuda: bool, jailed: bool, statuses: tuple[str, ...],
+                 workdir: Path | None = None, env: dict | None = None, limits: jail.Limits | None = None) -> None:
+        self.statuses = set(statuses) | {"ready"}
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kloop-", dir=scratch_root()))
+        self.isolation = jail.detect() if jailed else None
+        read_fd, write_fd = os.pipe()
+        self.stdout_path, self.stderr_path = self.workdir / "stdout.txt", self.workdir / "stderr.txt"
+        argv = [sys.executable, "-m", module, str(write_fd), str(self.workdir)]
+        if jailed:
+            argv = jail.command(argv, workdir=self.workdir, readable=[REPO_ROOT / "sandbox", REPO_ROOT / "tools"],
+                                gpu=cuda, limits=limits or jail.Limits(), isolation=self.isolation,
+                                pass_fds=(write_fd,))
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = jail.spawn(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(write_fd,),
+                                   cwd=self.workdir, env=env if env is not None else clean_env(self.workdir, cuda),
+                                   start_new_session=True, text=True)
+        os.close(write_fd)
+        self._replies = os.fdopen(read_fd, "rb", buffering=0)
+        self._buffer = b""
+        self.ready: dict | None = None
+
+    def wait_ready(self, timeout_s: float = 180) -> dict:
+        if self.ready is None:
+            self.ready = self._read_reply(timeout_s)
+        return self.ready
+
+    def call(self, timeout_s: float, **cmd) -> dict:
+        self.wait_ready()
+        try:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise ChildDied(self._death_detail()) from None
+        return self._read_reply(timeout_s)
+
+    def _read_reply(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_REPLY:
+                self.kill()
+                raise ChildDied(f"the reply was longer than {MAX_REPLY} bytes")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise ChildTimeout(f"no answer within {timeout_s:.0f} s")
+            ready, _, _ = select.select([self._replies], [], [], min(left, 1.0))
+            if ready:
+                chunk = self._replies.read(1 << 16)
+                if not chunk:
+                    try:
+                        self.proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        self.kill()
+                    raise ChildDied(self._death_detail())
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            reply = json.loads(line)
+        except (ValueError, RecursionError):
+            reply = None
+        if not isinstance(reply, dict) or reply.get("status") not in self.statuses or \
+                not isinstance(reply.get("message", ""), str):
+            self.kill()
+            raise ChildDied("the process broke the protocol: its reply was not one it may give")
+        return reply
+
+    def _death_detail(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return "the process closed its reply pipe"
+        # A jailed program's death by signal comes back through the jail's tools as exit status 128 + signal.
+        signum = -code if code < 0 else code - 128 if code > 128 and code - 128 in signal.valid_signals() else None
+        how = f"killed by signal {signal.Signals(signum).name}" if signum else f"exited with code {code}"
+        tail = self.stderr()[-1500:].strip()
+        return f"process {how}" + (f"; stderr ends: {tail}" if tail else "")
+
+    def stdout(self, limit: int = OUTPUT_LIMIT) -> str:
+        return read_limited(self.stdout_path, limit)
+
+    def stderr(self, limit: int = OUTPUT_LIMIT) -> str:
+        return read_limited(self.stderr_path, limit)
+
+    def output_sizes(self) -> tuple[int, int]:
+        """Bytes written to stdout and stderr so far (to keep only what came before a hidden shape was shown)."""
+        return tuple(p.stat().st_size if p.exists() else 0 for p in (self.stdout_path, self.stderr_path))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def close(self, keep_workdir: bool = False) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+        self.kill()  # anything the child left running in its group goes too
+        self._replies.close()
+        if not keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def read_limited(path: Path, limit: int = OUTPUT_LIMIT, start: int = 0, stop: int | None = None) -> str:
+    """Text of a file a child wrote, from byte `start` to `stop`, at most `limit` bytes; never blocks on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        os.lseek(fd, start, os.SEEK_SET)
+        want = limit + 1 if stop is None else min(limit + 1, max(0, stop - start))
+        data = os.read(fd, want)
+    finally:
+        os.close(fd)
+    text = data[:limit].decode("utf-8", "replace")
+    return text + ("\n[... truncated]" if len(data) > limit else "")

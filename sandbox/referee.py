@@ -1,0 +1,233 @@
+"""The referee: the reference model, the comparison, and the baselines' timings, in a trusted process of their own.
+
+It makes the same inputs as the executor from the same seed (tools/inputs.py), computes the reference outputs,
+and reads the candidate's outputs and inputs back from the executor (CUDA IPC views of the executor's memory, or
+files the executor wrote where the evaluator told it to), checking sizes before reading anything. On a GPU it is a
+separate process, so no kernel of a candidate ever shares a CUDA context with a reference output; on the CPU it
+runs inside the evaluator.
+
+    referee.shape("s0", target_source, overrides, init_seed)
+    referee.time("eager", "s0", seed)          # timed like the executor times the candidate; keeps the output
+    referee.check("s0", seed, outputs, inputs) # {"reasons": [...], "stats": {...}}
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from sandbox.plan import ITEMSIZE, PlanError, read_untrusted
+from tools import verify
+from tools.inputs import DEVICE, make_inputs
+from tools.numerics import pin_numeric_flags
+from tools.target import module_from_source
+
+LAUNCH_COVER_CYCLES = 1_000_000
+
+
+class Referee:
+    def __init__(self) -> None:
+        self.modules: dict[str, object] = {}
+        self.models: dict[str, torch.nn.Module] = {}
+        self.compiled: dict[str, object] = {}
+        self.held: dict[str, tuple[int, list, list]] = {}   # shape -> (seed, inputs, expected outputs)
+        self.cuda = DEVICE.type == "cuda"
+        if self.cuda:
+            self.flush = torch.empty(2 * torch.cuda.get_device_properties(DEVICE).L2_cache_size, dtype=torch.uint8,
+                                     device=DEVICE)
+
+    def shape(self, shape: str, target_source: str, overrides: dict, init_seed: int) -> dict:
+        if shape not in self.models:
+            module = module_from_source(target_source, overrides, f"kloop_reference_{len(self.models)}")
+            torch.manual_seed(init_seed)
+            init_inputs = module.get_init_inputs()
+            torch.manual_seed(init_seed)
+            # Left in training mode, as KernelBench runs it: BatchNorm normalizes with the batch's own statistics.
+            self.modules[shape], self.models[shape] = module, module.Model(*init_inputs).to(DEVICE)
+        return {"status": "ok"}
+
+    def forget(self) -> dict:
+        """Drop every shape (the next target's come next)."""
+        self.modules.clear(), self.models.clear(), self.compiled.clear(), self.held.clear()
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return {"status": "ok"}
+
+    def release(self) -> dict:
+        """Between candidates: free the held inputs and outputs (the models stay for the same target's next)."""
+        self.held.clear()
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return {"status": "ok"}
+
+    # -- reference outputs ------------------------------------------------------------------------------------------
+    def _inputs(self, shape: str, seed: int) -> list:
+        held = self.held.get(shape)
+        if held and held[0] == seed:
+            return held[1]
+        self.held.clear()  # free the old set before making the new one: at full size two may not fit
+        inputs = make_inputs(self.modules[shape], seed)
+        self.held[shape] = (seed, inputs, [])
+        return inputs
+
+    def _expected(self, shape: str, seed: int) -> list:
+        inputs = self._inputs(shape, seed)
+        held = self.held[shape]
+        if not held[2]:
+            with torch.no_grad():
+                held[2].extend(_flat(self.models[shape](*inputs)))
+        return held[2]
+
+    def expect(self, shape: str, seed: int) -> dict:
+        outputs = self._expected(shape, seed)
+        return {"status": "ok", "outputs": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                                            for t in outputs]}
+
+    def check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None = None) -> dict:
+        """Compare the candidate's outputs with the reference, and its inputs with ours, bit for bit."""
+        expected = self._expected(shape, seed)
+        ours = self.held[shape][1]
+        if len(outputs) != len(expected):
+            return {"status": "ok", "reasons": [f"forward returned {len(outputs)} outputs, the reference returns "
+                                                f"{len(expected)}"], "stats": {}}
+        reasons, stats = [], {"max_abs_err": 0.0, "max_rel_err": 0.0}
+        for i, (desc, ref) in enumerate(zip(outputs, expected)):
+            want = (str(ref.dtype).removeprefix("torch."), list(ref.shape))
+            if (desc.get("dtype"), list(desc.get("shape") or [])) != want:  # before anything is read or mapped
+                reasons.append(f"output {i} has dtype {desc.get('dtype')} and shape {tuple(desc.get('shape') or [])}, "
+                               f"expected {want[0]} and {tuple(want[1])}")
+                continue
+            try:
+                out = self._open(desc, directory)
+            except (PlanError, ValueError, TypeError) as e:
+                return {"status": "ok", "reasons": [f"output {i}: {e}"], "stats": stats}
+            found, s = verify.compare(out, ref, i)
+            del out
+            reasons += found
+            for key in ("max_abs_err", "max_rel_err"):
+                if s.get(key) is not None:
+                    stats[key] = max(stats[key], s[key])
+            if "worst" in s:
+                stats["worst"] = s["worst"]
+        for i, (desc, x) in enumerate(zip(inputs, ours)):
+            if desc is None or not isinstance(x, torch.Tensor):
+                continue
+            desc = dict(desc, dtype=str(x.dtype).removeprefix("torch."), shape=list(x.shape))
+            try:
+                seen = self._open(desc, directory, like=x)
+            except (PlanError, ValueError, TypeError) as e:
+                return {"status": "ok", "reasons": [f"input {i}: {e}"], "stats": stats}
+            if not verify.same_bits(seen, x):
+                reasons.append(f"input {i} was modified by forward (inputs must be left unchanged)")
+            del seen
+        if self.cuda:
+            torch.cuda.ipc_collect()
+        return {"status": "ok", "reasons": reasons, "stats": stats}
+
+    def _open(self, desc: dict, directory: str | None, like: torch.Tensor | None = None) -> torch.Tensor:
+        dtype = desc.get("dtype")
+        if dtype not in ITEMSIZE:
+            raise ValueError(f"dtype {dtype!r} is not one kloop compares")
+        if "handle" in desc:
+            from sandbox.ipc import open_view
+
+            return open_view(desc)
+        shape = [int(s) for s in desc["shape"]]
+        count = 1
+        for s in shape:
+            count *= s
+        nbytes = count * ITEMSIZE[dtype]
+        data = read_untrusted(Path(directory) / Path(desc["file"]).name, nbytes, exact=nbytes)
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        t = raw.to(torch.bool) if dtype == "bool" else raw.view(getattr(torch, dtype))
+        return t.reshape(shape).to(DEVICE)
+
+    # -- baselines ------------------------------------------------------------------------------------------------
+    def time(self, name: str, shape: str, seed: int) -> dict:
+        """One timed call of the reference (eager) or of torch.compile's version of it, on this seed's inputs."""
+        inputs = self._inputs(shape, seed)
+        fn = self.models[shape] if name == "eager" else self._compiled(shape)
+        with torch.no_grad():
+            if not self.cuda:
+                began = time.perf_counter()
+                out = fn(*inputs)
+                return {"status": "ok", "wall_ms": (time.perf_counter() - began) * 1e3}
+            self.flush.zero_()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            began = time.perf_counter()
+            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
+            start.record()
+            out = fn(*inputs)
+            end.record()
+            torch.cuda.synchronize()
+            wall_ms = (time.perf_counter() - began) * 1e3
+        held = self.held[shape]
+        if name == "eager" and not held[2]:
+            held[2].extend(_flat(out))  # eager's output is this round's reference: no second computation
+        del out
+        return {"status": "ok", "ms": start.elapsed_time(end), "wall_ms": wall_ms}
+
+    def _compiled(self, shape: str):
+        if shape not in self.compiled:
+            self.compiled[shape] = torch.compile(self.models[shape], mode="max-autotune-no-cudagraphs")
+        return self.compiled[shape]
+
+    def roofline_counts(self, shape: str, seed: int) -> dict:
+        from tools.profile import count_bytes_and_flops
+
+        inputs = self._inputs(shape, seed)
+        outputs = self._expected(shape, seed)
+        nbytes, flops = count_bytes_and_flops(self.models[shape], inputs, outputs)
+        dtype = next((x.dtype for x in inputs if isinstance(x, torch.Tensor)), torch.float32)
+        return {"status": "ok", "bytes": nbytes, "flops": flops, "dtype": str(dtype).removeprefix("torch."),
+                "io_bytes": sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
+                + sum(t.untyped_storage().nbytes() for t in outputs)}
+
+    def gpu(self) -> dict:
+        from tools.profile import gpu_info
+
+        return {"status": "ok", "gpu": gpu_info(DEVICE.index or 0) if self.cuda else None}
+
+
+def _flat(out) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+COMMANDS = ("shape", "forget", "release", "expect", "check", "time", "roofline_counts", "gpu")
+
+
+def main() -> None:
+    """The referee as a process (GPU): JSON-line commands on stdin, replies on the control fd."""
+    pin_numeric_flags()
+    reply = os.fdopen(int(sys.argv[1]), "w", buffering=1)
+    if DEVICE.type == "cuda":
+        torch.zeros(1, device=DEVICE)
+    referee = Referee()
+    reply.write(json.dumps({"status": "ready", "pid": os.getpid()}) + "\n")
+    for line in sys.stdin:
+        try:
+            cmd = json.loads(line)
+            op = cmd.pop("cmd")
+            if op == "exit":
+                break
+            answer = getattr(referee, op)(**cmd) if op in COMMANDS else \
+                {"status": "runtime_error", "message": f"unknown command {op!r}"}
+        except torch.OutOfMemoryError as e:
+            referee.held.clear()
+            answer = {"status": "runtime_error", "message": f"out of memory in the reference: {str(e)[:300]}"}
+        except BaseException as e:
+            answer = {"status": "error", "message": f"{type(e).__name__}: {str(e)[:2000]}",
+                      "traceback": traceback.format_exc(limit=-6)[-4000:]}
+        reply.write(json.dumps(answer) + "\n")
+    reply.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The evaluator's verdict on one candidate, as one typed record.
+
+    result = EvalResult(verdict="correct", language="triton", time_us=Timing(median=136.6, ...), ...)
+    result.to_dict()                  # plain JSON (kloop eval --json, the attempts.result column)
+    EvalResult.from_dict(row)         # back from JSON; unknown keys are ignored, missing ones take defaults
+
+Every module that reads a result reads these attributes, never string keys, so a renamed field is a type error
+instead of a silently missing fact. docs/design.md lists the fields; tests/test_result.py checks that list.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+VERDICTS = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected")
+FAILED = frozenset(VERDICTS) - {"correct"}
+
+
+@dataclass
+class Timing:
+    """Kernel time statistics in microseconds over `n` timed calls (cv is unitless)."""
+    median: float
+    q1: float | None = None
+    q3: float | None = None
+    iqr: float | None = None
+    min: float | None = None
+    max: float | None = None
+    n: int | None = None
+    mean: float | None = None
+    cv: float | None = None
+    events_total_ms: float | None = None   # sum of the CUDA-event times
+    wall_total_ms: float | None = None     # host wall clock around the same calls: must bound the events
+    derived_from_eager: bool = False       # torch.compile's time derived from eager's, measured beside it earlier
+    compile_to_eager: float | None = None
+
+
+@dataclass
+class Roofline:
+    """Speed of light: the fewest bytes and FLOPs the op needs against the GPU's peaks."""
+    bytes: int = 0
+    flops: int = 0
+    dtype: str | None = None
+    bound: str | None = None               # memory or compute; None without a GPU
+    memory_us: float | None = None
+    compute_us: float | None = None
+    sol_us: float | None = None
+    sol_fraction: float | None = None      # sol_us / measured time
+    peak_gbps: float | None = None
+    peak_tflops: float | None = None
+
+
+@dataclass
+class Resources:
+    """What one kernel costs the SM: from Triton's compile, ptxas -v, or the loaded function."""
+    kernel: str
+    source: str                            # triton, ptxas, or triton-interpreter (no resources known)
+    registers: int | None = None
+    spills: int | None = None              # 4-byte words, as Triton counts them
+    shared_bytes: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    threads: int | None = None
+    occupancy: float | None = None         # theoretical, 0..1
+    launches: int | None = None            # launches of this kernel per forward
+
+
+@dataclass
+class Counters:
+    """Nsight Compute counters of one kernel, averaged over its profiled launches."""
+    launches: int = 0
+    gpu_time_us: float | None = None
+    dram_pct: float | None = None
+    sm_pct: float | None = None
+    achieved_occupancy_pct: float | None = None
+    l2_hit_pct: float | None = None
+    stalls: dict[str, float] = field(default_factory=dict)
+    top_stalls: list = field(default_factory=list)
+
+
+@dataclass
+class Correctness:
+    trials: int = 0
+    shapes: int = 0
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    worst: dict | None = None
+
+
+@dataclass
+class VsBest:
+    """The paired re-measurement of a would-be new best against the standing best, interleaved in one run."""
+    best_attempt: int | None               # the standing best's attempt number (None: its source was given)
+    ratio: float                           # best time / this time: above 1 means this one is faster
+    ci_low: float
+    ci_high: float
+    n: int
+    outcome: str                           # faster, tie or slower
+
+
+@dataclass
+class EvalResult:
+    verdict: str | None = None
+    reasons: list[str] = field(default_factory=list)
+    language: str = "triton"
+    executed_on: str | None = None         # "cuda", "cpu-interpreter", or None (not run)
+    time_us: Timing | None = None
+    baselines: dict[str, Timing] | None = None
+    speedup: dict[str, float] | None = None
+    roofline: Roofline | None = None
+    resources: list[Resources] = field(default_factory=list)
+    ptx: dict[str, str] = field(default_factory=dict)
+    sass: dict[str, str] = field(default_factory=dict)
+    compile_log: str = ""
+    correctness: Correctness | None = None
+    nvml: dict | None = None
+    ncu: dict[str, Counters] | None = None
+    vs_best: VsBest | None = None
+    flags: list[str] = field(default_factory=list)
+    numeric_flags: dict = field(default_factory=dict)
+    timing_note: str | None = None
+    gpu: dict | None = None
+    versions: dict = field(default_factory=dict)
+    isolation: str | None = None           # how the candidate's processes were isolated (sandbox/jail.py)
+    stdout: str = ""
+    stderr: str = ""
+    durations_s: dict = field(default_factory=dict)
+
+    @property
+    def correct(self) -> bool:
+        return self.verdict == "correct"
+
+    @property
+    def median_us(self) -> float | None:
+        return self.time_us.median if self.time_us else None
+
+    @property
+    def sol_fraction(self) -> float | None:
+        return self.roofline.sol_fraction if self.roofline else None
+
+    def speedup_over(self, baseline: str) -> float | None:
+        return (self.speedup or {}).get(baseline)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "EvalResult":
+        """A result read back from JSON (a database row, kloop eval --json); tolerant of older rows."""
+        data = dict(data or {})
+        out = _build(cls, data)
+        out.time_us = _build(Timing, data.get("time_us"))
+        out.baselines = {k: _build(Timing, v) for k, v in (data.get("baselines") or {}).items()
+                         if isinstance(v, dict)} or None
+        out.roofline = _build(Roofline, data.get("roofline"))
+        out.resources = [r for r in (_build(Resources, r) for r in data.get("resources") or []) if r is not None]
+        out.correctness = _build(Correctness, data.get("correctness"))
+        out.ncu = {k: _build(Counters, v) for k, v in (data.get("ncu") or {}).items() if isinstance(v, dict)} or None
+        out.vs_best = _build(VsBest, data.get("vs_best"))
+        return out
+
+
+def _build(cls, data: Any):
+    """An instance of dataclass `cls` from a dict, keeping only its fields; None when `data` is not a dict or
+    lacks a required field (an older row may have an empty timing)."""
+    if not isinstance(data, dict):
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError:
+        return None
