@@ -4,13 +4,55 @@ Command modules keep torch/triton imports inside their functions so `kloop --hel
 """
 from __future__ import annotations
 
+import sys
+
 import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.24 carries its own copy of click
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover
+    from click import exceptions as click
 
 from agent import cmd_bench, cmd_data, cmd_eval, cmd_loop
+
+
+class OneLineErrors(TyperGroup):
+    """Every usage or option error is one line on stderr and exit status 2, like kloop's own input errors (no
+    boxed usage message): `error: Invalid value for '--max-attempts': ... (see `kloop optimize --help`)`."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args=args, prog_name=prog_name, complete_var=complete_var, standalone_mode=False,
+                                **extra)
+        except click.NoArgsIsHelpError as e:
+            if not standalone_mode:
+                raise
+            e.show()
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            if not standalone_mode:
+                raise
+            where = e.ctx.command_path if getattr(e, "ctx", None) is not None else "kloop"
+            message = " ".join(e.format_message().split())
+            hint = f" (see `{where} --help`)" if isinstance(e, click.UsageError) else ""
+            cmd_eval.make_console(stderr=True).print(f"error: {message}{hint}", markup=False, highlight=False,
+                                                     soft_wrap=True)
+            sys.exit(2 if isinstance(e, click.UsageError) else e.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            cmd_eval.make_console(stderr=True).print("interrupted", highlight=False)
+            sys.exit(130)
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
     name="kloop",
     help="Let an agent optimize one GPU kernel: write, assemble, verify, profile, reflect, log.",
+    cls=OneLineErrors,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,

@@ -1,6 +1,7 @@
 """`kloop bench`: the offline policy on each built-in target for a fixed budget, then one table, one JSON file."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -9,20 +10,20 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from agent.cmd_eval import fail
 from agent.cmd_loop import DEFAULT_DB, ProgressView, run_graph
+from agent.output import make_console
 
-console = Console()
+console = make_console()
 
 
 def bench_command(
     targets: Optional[str] = typer.Option(None, help="Comma-separated built-in targets (default: all, in `kloop targets` order)."),
     minutes_per_target: float = typer.Option(5.0, help="Active time budget of each target's loop, in minutes (fractions allowed)."),
     max_attempts: Optional[int] = typer.Option(None, min=1, help="Also stop each target's loop after this many attempts."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the results as JSON here (e.g. results/bench-h200.json)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the results as JSON here (e.g. results/bench-h200.json); '-': print only the JSON on stdout (the rest goes to stderr)."),
     db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database for the bench's runs (re-verify them with `kloop replay`)."),
 ) -> None:
     """Benchmark the loop: offline policy per target, then best kernel vs eager vs torch.compile, ceilings and goals."""
@@ -38,20 +39,25 @@ def bench_command(
         fail(f"--targets repeats a target: {targets}")
     if minutes_per_target <= 0:
         fail(f"--minutes-per-target must be positive, got {minutes_per_target:g}")
-    if json_path is not None:
+    to_stdout = json_path is not None and str(json_path) == "-"
+    if json_path is not None and not to_stdout:
         _check_writable(json_path)
     try:
         store = open_db(db)
     except StoreError as e:
         fail(str(e))
-    try:
-        report = run_bench(store, names, minutes_per_target, max_attempts)
-    except KeyboardInterrupt:
-        console.print(f"bench stopped; no table or JSON (the runs so far are in {store.path})", highlight=False)
-        raise typer.Exit(130)
-    console.print(bench_table(report))
-    print_goals(report)
-    if json_path is not None:
+    stdout = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+        try:
+            report = run_bench(store, names, minutes_per_target, max_attempts)
+        except KeyboardInterrupt:
+            console.print(f"bench stopped; no table or JSON (the runs so far are in {store.path})", highlight=False)
+            raise typer.Exit(130)
+        console.print(bench_table(report))
+        print_goals(report)
+    if to_stdout:
+        stdout.write(json.dumps(report, indent=1) + "\n")
+    elif json_path is not None:
         json_path.write_text(json.dumps(report, indent=1) + "\n")
         console.print(f"wrote {json_path}", highlight=False)
 

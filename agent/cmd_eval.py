@@ -5,19 +5,19 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from agent.output import make_console, plural
 from tools.result import EvalResult
 
-console = Console()
+console = make_console()
 
 
 def fail(message: str, code: int = 2) -> None:
     """One clear line on stderr and exit status 2: how every kloop command reports bad input. The message is plain
     text (a path like runs/[x].db is not read as rich markup)."""
-    Console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
+    make_console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -41,9 +41,19 @@ def eval_command(
         check_reference(tgt)
     except TargetError as e:
         fail(str(e))
+    from tools.inputs import DEVICE
+
+    if ncu and DEVICE.type != "cuda":
+        make_console(stderr=True).print("note: --ncu needs a CUDA GPU; no Nsight Compute counters on this machine",
+                                        highlight=False, soft_wrap=True)
+        ncu = False
     settings = EvalSettings(trials=trials, timed_calls=timed_calls, ncu=ncu,
                             baselines=("eager", "compile") if compile_baseline else ("eager",))
-    result = evaluate(tgt, candidate.read_text(), settings)
+    try:
+        result = evaluate(tgt, candidate.read_text(), settings)
+    except KeyboardInterrupt:
+        make_console(stderr=True).print("interrupted: no verdict", highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
     if as_json:
         print(json.dumps(result.to_dict(), default=str))
     else:
@@ -73,12 +83,15 @@ def check_reference(target) -> None:
 
 def print_summary(r: EvalResult) -> None:
     color = {"correct": "green", "incorrect": "red", "rejected": "magenta"}.get(r.verdict, "yellow")
-    console.print(f"verdict: [bold {color}]{r.verdict}[/]  language: {r.language}  ran on: {r.executed_on}")
+    ran_on = r.executed_on or ("nothing: the PTX was assembled for sm_90, not run (no CUDA GPU)"
+                               if r.language == "ptx" and r.ptx else "nothing (not run)")
+    console.print(f"verdict: [bold {color}]{r.verdict}[/]  language: {r.language}  ran on: {ran_on}")
     for reason in r.reasons:
         console.print(f"  - {reason}", highlight=False)
     if r.correctness:
         c = r.correctness
-        console.print(f"correctness: {c.trials} trials over {c.shapes} shapes, max abs error {c.max_abs_err:.3g}")
+        console.print(f"correctness: {plural(c.trials, 'trial')} over {plural(c.shapes, 'shape')}, "
+                      f"max abs error {c.max_abs_err:.3g}")
     if r.time_us:
         table = Table("", "median us", "IQR us", "speedup")
         table.add_row("candidate", f"{r.time_us.median:.2f}", f"{r.time_us.iqr or 0:.2f}", "")
@@ -107,11 +120,13 @@ def print_summary(r: EvalResult) -> None:
 
 
 def targets_command() -> None:
-    """List the built-in targets."""
+    """List the built-in targets with their main shape (on a GPU, and at CPU size without one)."""
     from tools.target import load_target
     from tools.targets import BUILTIN_TARGETS
 
-    table = Table("target", "description")
+    table = Table("target", "description", "shape (GPU)", "shape (CPU)")
     for name in BUILTIN_TARGETS:
-        table.add_row(name, load_target(name).description)
+        target = load_target(name)
+        table.add_row(name, target.description, *(target.describe_shape(target.shapes(small=small)[0])
+                                                  for small in (False, True)))
     console.print(table)

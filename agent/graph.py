@@ -23,6 +23,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.types import Command, Send
 
 from agent.diagnose import diagnose
+from agent.output import duration, plural
 from agent.policy import AttemptView, Message, Policy, PolicyError, Proposal, ProposeContext
 from tools.result import FAILED, EvalResult
 from tools.store import Store, attempt_columns, now
@@ -188,6 +189,8 @@ class Loop:
         progress = self.store.progress(self.run_id)
         r = live.result
         emit("attempt", branch=lineage["branch"], number=number, verdict=r.verdict,
+             language=r.language or (live.proposal.language if live.proposal else ""),
+             source=live.proposal.source if live.proposal else "",
              speedup_eager=r.speedup_over("eager"), sol_fraction=r.sol_fraction, reasons=r.reasons,
              vs_best=r.vs_best, progress=progress, left=self.budget_left(progress))
         return Command(goto=Send("write", {"branch": lineage["branch"], "key": ""}))
@@ -211,17 +214,17 @@ class Loop:
         """The first stop rule that holds now ('' if none); in-flight attempts count against max_attempts."""
         s, p = self.settings, self.store.progress(self.run_id)
         if p["attempts"] + len(self.live) >= s.max_attempts:
-            return f"reached {s.max_attempts} attempts"
+            return f"reached {plural(s.max_attempts, 'attempt')}"
         if s.hours is not None and p["seconds"] >= s.hours * 3600:
-            return f"used the {s.hours:g} h time budget"
+            return f"used the {duration(s.hours)} time budget"
         if s.max_cost_usd is not None and p["cost_usd"] >= s.max_cost_usd:
             return f"spent the ${s.max_cost_usd:g} budget"
         if s.max_tokens is not None and p["tokens"] >= s.max_tokens:
-            return f"used the {s.max_tokens} token budget"
+            return f"used the {s.max_tokens}-token budget"
         if p["best_sol"] is not None and p["best_sol"] >= s.target_sol:
             return f"best attempt reached {p['best_sol']:.0%} of speed-of-light (target {s.target_sol:.0%})"
         if p["last_number"] - (p["best_number"] or 0) >= s.patience:
-            return f"no improvement in {s.patience} attempts"
+            return f"no improvement in {plural(s.patience, 'attempt')}"
         return ""
 
     def budget_left(self, p: dict) -> dict:
@@ -293,9 +296,11 @@ def build_graph(loop: Loop) -> StateGraph:
     return graph
 
 
-def run_loop(loop: Loop, checkpoints: Path, on_event: Callable[[dict], None] = lambda event: None) -> str:
+def run_loop(loop: Loop, checkpoints: Path, on_event: Callable[[dict], None] = lambda event: None,
+             restart: bool = False) -> str:
     """Run (or resume: same run id, same checkpoint thread) the loop to a stop rule; returns the run's status.
 
+    restart: a graph that already ended starts again (a finished run given new budgets); its attempts so far stay.
     Ctrl-C marks the run 'stopped' (resumable) and re-raises; any other error marks it 'failed' and re-raises.
     """
     config = {"configurable": {"thread_id": loop.run_id}, "recursion_limit": 10**9}
@@ -307,13 +312,15 @@ def run_loop(loop: Loop, checkpoints: Path, on_event: Callable[[dict], None] = l
             state = graph.get_state(config)
             # Pending tasks (finished ones whose writes are saved included) mean a run to continue; none after a
             # checkpoint means the graph already ended.
-            if state.created_at is not None and not state.tasks:
+            ended = state.created_at is not None and not state.tasks
+            if ended and not restart:
                 stops = state.values.get("stops", [])
             else:
+                before = len(state.values.get("stops", [])) if ended else 0
                 start = None if state.tasks else {"branches": loop.settings.branches, "stops": []}
                 for event in graph.stream(start, config, stream_mode="custom", durability="sync"):
                     on_event(event)
-                stops = graph.get_state(config).values.get("stops", [])
+                stops = graph.get_state(config).values.get("stops", [])[before:]
     except KeyboardInterrupt:
         store.update_run(loop.run_id, status="stopped", notes="interrupted (Ctrl-C); resume with kloop resume")
         raise

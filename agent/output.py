@@ -1,0 +1,65 @@
+"""How every kloop command writes to the terminal, a pipe or a log file.
+
+In a terminal, rich as usual. Without one (piped, redirected, a CI log), rich would assume 80 columns and wrap or
+crop: code broken mid-line, table cells cut to "2026-1…". There, `Output` is as wide as its content, and code is
+always written as it is, never wrapped or cropped.
+"""
+from __future__ import annotations
+
+import math
+
+from rich.console import Console, ConsoleDimensions
+
+# Width used when no terminal is attached: wide enough that no table or line is ever wrapped or cropped.
+UNBOUNDED = 100_000
+
+
+class Output(Console):
+    """A rich Console that has no width limit when it is not writing to a terminal."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal:
+            return size
+        return ConsoleDimensions(UNBOUNDED, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
+def make_console(stderr: bool = False) -> Output:
+    return Output(stderr=stderr)
+
+
+def print_code(console: Console, source: str, language: str = "python") -> None:
+    """Source code exactly as it is (valid Python when piped: never wrapped, never cropped); highlighted in a
+    terminal."""
+    if console.is_terminal and language == "python":
+        from rich.syntax import Syntax
+
+        text = Syntax(source, "python", theme="ansi_dark").highlight(source)
+        text.rstrip()
+        console.print(text, soft_wrap=True)
+    else:
+        console.out(source.rstrip("\n"), highlight=False)
+
+
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """`1 attempt`, `2 attempts`, `0 shapes`."""
+    return f"{count} {noun if count == 1 else (plural_form or noun + 's')}"
+
+
+def duration(hours: float) -> str:
+    """A time budget in words a person would use: `1 min`, `90 s`, `1.5 h`, `2 h 30 min`."""
+    seconds = hours * 3600
+    if not math.isfinite(seconds):
+        return f"{hours:g} h"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    if seconds < 3600:
+        minutes = seconds / 60
+        return f"{minutes:.0f} min" if abs(minutes - round(minutes)) < 0.05 else f"{minutes:.1f} min"
+    whole, rest = divmod(round(seconds / 60), 60)
+    return f"{whole} h" + (f" {rest} min" if rest else "")

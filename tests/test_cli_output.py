@@ -1,0 +1,260 @@
+"""What a new user meets at the command line: one-line errors, refused empty budgets, nothing created on refusal,
+full-width output when piped, attempts that say what they tried, resume that extends, replay that leaves its source
+alone (issue 13, "Stumbles")."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli import app
+from agent.cmd_loop import attempt_label
+from agent.output import Output, duration, plural, print_code
+from tools.store import open_db
+
+REPO = Path(__file__).resolve().parents[1]
+MARKED = ('# kloop-offline: {"template": "vector_add/triton_block", "values": {"BLOCK_SIZE": %d, "NUM_WARPS": 8}}\n'
+          "import torch\n")
+
+
+def cli(*args, env=None):
+    return CliRunner().invoke(app, [str(a) for a in args], env=env)
+
+
+def one_line_error(result, code=2) -> str:
+    assert result.exit_code == code, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+# -- option errors: one line, exit 2, nothing created ---------------------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["optimize", "vector_add", "--max-attempts", "0"], "Invalid value for '--max-attempts'"),
+    (["optimize", "vector_add", "--nope"], "No such option: --nope"),
+    (["optimize"], "Missing argument 'TARGET'"),
+    (["optimise", "vector_add"], "No such command 'optimise'"),
+    (["runs", "--db"], "Option '--db' requires an argument"),
+])
+def test_usage_errors_are_one_line_on_stderr_with_exit_2(tmp_path, args, message):
+    line = one_line_error(cli(*args))
+    assert message.lower() in line.lower() and "--help" in line
+    assert "╭" not in line and "Usage:" not in line
+
+
+def test_usage_error_through_the_real_entry_point_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "optimize", "vector_add", "--max-attempts", "0",
+                           "--db", str(tmp_path / "k.db")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: Invalid value for '--max-attempts'")
+    assert not (tmp_path / "k.db").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hours", "0"], "error: --hours must be more than 0, got 0"),
+    (["--hours", "-1"], "error: --hours must be more than 0, got -1"),
+    (["--max-cost", "0"], "error: --max-cost must be more than 0, got 0"),
+])
+def test_empty_budgets_are_refused_and_nothing_is_created(tmp_path, args, message):
+    db = tmp_path / "runs" / "k.db"
+    assert one_line_error(cli("optimize", "vector_add", "--policy", "offline", *args, "--db", db)) == message
+    assert not db.parent.exists()
+
+
+def test_a_policy_that_cannot_start_leaves_no_database(tmp_path, monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    db = tmp_path / "k.db"
+    line = one_line_error(cli("optimize", "vector_add", "--policy", "anthropic", "--db", db))
+    assert "ANTHROPIC_API_KEY" in line
+    assert list(tmp_path.iterdir()) == []
+    # an existing database is kept as it was
+    open_db(db).close()
+    before = db.read_bytes()
+    one_line_error(cli("optimize", "vector_add", "--policy", "anthropic", "--db", db))
+    assert db.read_bytes() == before
+
+
+def test_ptx_without_a_gpu_is_refused_before_any_attempt(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: PTX runs")
+    db = tmp_path / "k.db"
+    line = one_line_error(cli("optimize", "vector_add", "--language", "ptx", "--db", db))
+    assert line.startswith("error: --language ptx needs a CUDA GPU") and not db.exists()
+
+
+# -- full width when piped ----------------------------------------------------------------------------------------
+LONG = "EVICTION = 'evict_first'  # streamed data is never reused: do not let it push other lines out of L2" * 2
+
+
+def test_code_is_never_wrapped_or_cropped_without_a_terminal():
+    out = io.StringIO()
+    console = Output(file=out)
+    assert not console.is_terminal and console.width > 1000
+    source = f"import torch\n{LONG}\n\n\nclass ModelNew(torch.nn.Module):\n    pass\n"
+    print_code(console, source)
+    assert out.getvalue() == source
+    compile(out.getvalue(), "best.py", "exec")   # still valid Python
+
+
+def make_runs_db(path: Path) -> str:
+    store = open_db(path)
+    run_id = store.create_run(target_name="vector_add", policy="offline", settings={"target": "vector_add"})
+    ids = [store.add_attempt(run_id, language="triton", source=MARKED % block, verdict="correct",
+                             result={"verdict": "correct", "executed_on": "cpu-interpreter"}) for block in (1024, 2048)]
+    store.add_attempt(run_id, language="ptx", source=MARKED.replace('}}', '}, "ptx_edit": "cs"}') % 1024,
+                      verdict="runtime_error", reasons=["not run: no CUDA GPU here"], result={})
+    store.update_run(run_id, status="finished", best_attempt_id=ids[0], notes="reached 3 attempts; and a long note " + "x" * 120)
+    store.close()
+    return run_id
+
+
+def test_runs_and_show_print_whole_cells_when_piped(tmp_path):
+    db = tmp_path / "k.db"
+    run_id = make_runs_db(db)
+    listed = cli("runs", "--db", db)
+    assert listed.exit_code == 0
+    store = open_db(db, create=False, readonly=True)
+    run = store.get_run(run_id)
+    assert run["created_at"] in listed.output and run["notes"] in listed.output and "…" not in listed.output
+    shown = cli("show", run_id, "--db", db)
+    assert shown.exit_code == 0 and "…" not in shown.output
+    rows = [line for line in shown.output.splitlines() if line.startswith("│")]
+    assert [r.split("│")[4].strip() for r in rows] == [
+        "vector_add/triton_block BLOCK_SIZE=1024, NUM_WARPS=8", "vector_add/triton_block BLOCK_SIZE=2048, NUM_WARPS=8",
+        "vector_add/triton_block BLOCK_SIZE=1024, NUM_WARPS=8 ptx_edit=cs"]
+    assert "no attempt was timed (no CUDA GPU)" in shown.output
+
+
+def test_runs_json(tmp_path):
+    db = tmp_path / "k.db"
+    run_id = make_runs_db(db)
+    listed = cli("runs", "--json", "--db", db)
+    data = json.loads(listed.stdout)
+    assert [(r["id"], r["attempts_count"], r["db"]) for r in data["runs"]] == [(run_id, 3, str(db))]
+    assert [(b["target"], b["run"], b["attempt"]) for b in data["leaderboard"]] == [("vector_add", run_id, 1)]
+
+
+def test_attempt_label():
+    assert attempt_label(MARKED % 64) == "vector_add/triton_block BLOCK_SIZE=64, NUM_WARPS=8"
+    assert attempt_label("@triton.jit\ndef add_kernel(x):\n    pass\n") == "add_kernel"
+    assert attempt_label('PTX = """.visible .entry add(.param .u64 a)"""') == "add"
+    assert attempt_label("") == ""
+
+
+def test_wording():
+    assert [plural(n, "attempt") for n in (0, 1, 2)] == ["0 attempts", "1 attempt", "2 attempts"]
+    assert [duration(h) for h in (1 / 60, 0.0166667, 0.5, 1, 2.5, 1 / 7200)] == [
+        "1 min", "1 min", "30 min", "1 h", "2 h 30 min", "0.5 s"]
+
+
+def test_targets_show_shapes():
+    listed = cli("targets")
+    assert listed.exit_code == 0
+    row = next(line for line in listed.output.splitlines() if "│ softmax " in line)
+    assert "ROWS=8192, COLS=8192" in row and "ROWS=64, COLS=1000" in row
+
+
+def test_best_kernel_files_are_git_ignored():
+    proc = subprocess.run(["git", "check-ignore", "runs/0123abcd_best_7.py"], cwd=REPO, capture_output=True)
+    assert proc.returncode == 0
+
+
+# -- eval ------------------------------------------------------------------------------------------------------------
+def test_eval_says_ncu_needs_a_gpu_and_ctrl_c_is_one_line(tmp_path, monkeypatch):
+    import torch
+
+    from tools.result import EvalResult
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --ncu runs")
+    seen = {}
+
+    def fake_evaluate(target, source, settings):
+        seen["ncu"] = settings.ncu
+        return EvalResult(verdict="correct", language="triton", executed_on="cpu-interpreter")
+
+    candidate = tmp_path / "c.py"
+    candidate.write_text("import torch\n")
+    monkeypatch.setattr("sandbox.evaluate.evaluate", fake_evaluate)
+    done = cli("eval", "vector_add", candidate, "--ncu")
+    assert done.exit_code == 0 and seen == {"ncu": False}
+    assert done.stderr == "note: --ncu needs a CUDA GPU; no Nsight Compute counters on this machine\n"
+
+    def interrupted(target, source, settings):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("sandbox.evaluate.evaluate", interrupted)
+    stopped = cli("eval", "vector_add", candidate)
+    assert stopped.exit_code == 130 and stopped.stderr == "interrupted: no verdict\n"
+
+
+def test_ptx_not_run_says_so_in_the_summary(monkeypatch):
+    from agent.cmd_eval import print_summary
+    from tools.result import EvalResult, Resources
+
+    out = io.StringIO()
+    monkeypatch.setattr("agent.cmd_eval.console", Output(file=out))
+    print_summary(EvalResult(verdict="runtime_error", language="ptx", executed_on=None, ptx={"add": ".entry add"},
+                             reasons=["not run: no CUDA GPU here (PTX is assembled, not run, without a GPU)"],
+                             resources=[Resources(kernel="add", source="ptxas", registers=12, spills=0)]))
+    text = out.getvalue()
+    assert "ran on: nothing: the PTX was assembled for sm_90, not run (no CUDA GPU)" in text
+    assert "None" not in text.split("\n")[0] and "kernel add: registers=12, spills=0" in text
+
+
+# -- resume extends a finished run ----------------------------------------------------------------------------------
+def test_resume_extends_a_finished_run(tmp_path):
+    from agent.graph import run_loop
+    from test_loop import ScriptedPolicy, make_loop
+
+    store = open_db(tmp_path / "k.db")
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    checkpoints = Path(f"{store.path}.checkpoints")
+    run_loop(make_loop(store, run_id, ScriptedPolicy(), max_attempts=2), checkpoints)
+    assert store.get_run(run_id)["notes"] == "reached 2 attempts"
+    # without restart a finished graph stays finished; with it, new budgets give new attempts, same numbering
+    run_loop(make_loop(store, run_id, ScriptedPolicy(), max_attempts=4), checkpoints)
+    assert len(store.attempts(run_id)) == 2
+    events = []
+    run_loop(make_loop(store, run_id, ScriptedPolicy(), max_attempts=4), checkpoints, events.append, restart=True)
+    assert [a["number"] for a in store.attempts(run_id)] == [1, 2, 3, 4]
+    assert store.get_run(run_id)["notes"] == "reached 4 attempts" and store.get_run(run_id)["status"] == "finished"
+    assert [e["number"] for e in events if e["kind"] == "attempt"] == [3, 4]
+    assert all(e["language"] == "triton" and e["source"] for e in events if e["kind"] == "attempt")
+
+
+def test_resume_refuses_budgets_already_spent(tmp_path):
+    db = tmp_path / "k.db"
+    run_id = make_runs_db(db)
+    assert one_line_error(cli("resume", run_id, "--max-attempts", 3, "--db", db)) == (
+        f"error: run {run_id} already has 3 attempts; --max-attempts must be more")
+    assert one_line_error(cli("resume", run_id, "--hours", 0, "--db", db)) == "error: --hours must be more than 0, got 0"
+    done = cli("resume", run_id, "--db", db)
+    assert done.exit_code == 0 and f"--max-attempts N" in done.output and "already finished" in done.output
+
+
+# -- replay never writes into the database it reads -----------------------------------------------------------------
+@pytest.mark.slow   # one real evaluation of a logged H200 kernel under the interpreter: about 10 s on 2 CPU cores
+def test_replay_of_a_committed_database_leaves_it_untouched(tmp_path):
+    source = tmp_path / "bench.db"
+    shutil.copy(REPO / "results" / "bench-h200-part1.db", source)
+    before = source.read_bytes()
+    out_db = tmp_path / "runs" / "kloop.db"
+    done = cli("replay", "68b1dff4", "--db", source, "--out-db", out_db)
+    assert done.exit_code == 0, done.output
+    wal = Path(f"{source}-wal")   # a read-only reader of a WAL database may leave an empty -wal, never a write
+    assert source.read_bytes() == before and (not wal.exists() or wal.stat().st_size == 0)
+    assert f"in {out_db} (reverify of 68b1dff4 in {source})" in done.output
+    (new,) = open_db(out_db, create=False).list_runs()
+    assert new["parent_run_id"] == "68b1dff4" and new["parent_kind"] == "reverify"
+    assert new["settings"]["replay_of_db"] == str(source.resolve())
+    status = subprocess.run(["git", "status", "--porcelain", "results/"], cwd=REPO, capture_output=True, text=True)
+    assert status.stdout == ""
