@@ -38,24 +38,29 @@ def export_command(
 
 def replay_command(
     run_id: str = typer.Argument(..., help="the run whose attempts to re-verify"),
-    db: Path = typer.Option(DEFAULT_DB, "--db", help="run database"),
+    db: Path = typer.Option(DEFAULT_DB, "--db", help="run database to read (opened read-only unless --in-place)"),
     attempts: str = typer.Option("best", help="best, correct or all"),
+    out_db: Path = typer.Option(DEFAULT_DB, "--out-db", help="run database the new, linked run is written to"),
+    in_place: bool = typer.Option(False, "--in-place", help="write the new run into --db itself"),
 ) -> None:
-    """Re-verify and re-time a run's attempts on this machine; store them as a new linked run and compare."""
+    """Re-verify and re-time a run's attempts on this machine; store them as a new linked run and compare. The
+    database read is never written to unless --in-place (or --out-db names it)."""
+    from agent.output import make_console
     from agent.reverify import ReplayError, comparison_table, replay
 
-    console = Console()
+    console = make_console()
 
     def progress(row) -> None:
         console.print(f"attempt {row.number}: {row.new['verdict']}", highlight=False)
 
     try:
-        outcome = replay(run_id, db, attempts, on_attempt=progress)
+        outcome = replay(run_id, db, attempts, on_attempt=progress, out_db=db if in_place else out_db)
     except ReplayError as e:
         fail(str(e))
     console.print(comparison_table(outcome))
-    console.print(f"new run {outcome.new_run_id} (reverify of {run_id}): "
-                  f"{len(outcome.disagreements)} disagreement(s)", highlight=False)
+    n = len(outcome.disagreements)
+    console.print(f"new run {outcome.new_run_id} in {outcome.out_db} (reverify of {run_id} in {db}): "
+                  f"{n} disagreement{'' if n == 1 else 's'}", highlight=False)
 
 
 def report_command(
@@ -70,4 +75,6 @@ def report_command(
         written = write_report(run_id, db, out)
     except ReportError as e:
         fail(str(e))
-    Console().print(f"wrote {', '.join(p.name for p in written)} to {out}", highlight=False)
+    from agent.output import make_console
+
+    make_console().print(f"wrote {', '.join(p.name for p in written)} to {out}", highlight=False)

@@ -2,9 +2,10 @@
 
 The logged target source (not whatever the target file says today) is what gets evaluated, so a replay checks the
 same problem the run solved. The new run has parent_run_id = the old run, parent_kind 'reverify', and keeps the old
-attempt numbers, so old and new attempts pair up by number.
+attempt numbers, so old and new attempts pair up by number. The database read is opened read-only: the new run goes
+into `out_db` (which may be the same file only when the caller says so: kloop replay --in-place).
 
-    >>> outcome = replay("a1b2c3d4", "runs/kloop.db", "best")
+    >>> outcome = replay("a1b2c3d4", "results/bench-h200-part1.db", "best", out_db="runs/kloop.db")
     >>> outcome.disagreements
     [(7, 'time 12.1 us -> 15.9 us (+31%)')]
 """
@@ -43,6 +44,7 @@ class ReplayOutcome:
     rows: list[ReplayRow]
     old_gpu: str | None
     new_gpu: str | None
+    out_db: Path | None = None                  # where the new run was written
 
     @property
     def disagreements(self) -> list[tuple[int, str]]:
@@ -87,21 +89,42 @@ def _target_from_source(run: dict, directory: Path):
         raise ReplayError(str(e)) from None
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    a, b = Path(a), Path(b)
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
 def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", settings=None,
-           on_attempt: Callable[[ReplayRow], None] = lambda row: None) -> ReplayOutcome:
-    """Evaluate the chosen attempts again (fresh secret seed unless `settings` says otherwise) and store them."""
+           on_attempt: Callable[[ReplayRow], None] = lambda row: None,
+           out_db: str | os.PathLike | None = None) -> ReplayOutcome:
+    """Evaluate the chosen attempts again (fresh secret seed unless `settings` says otherwise) and store them as a
+    new run in `out_db` (None: in db_path itself). db_path is only read unless it is out_db."""
     from sandbox.evaluate import EvalSettings, Session
 
     settings = settings or EvalSettings()   # one secret seed for the whole replay
     if which not in WHICH:
         raise ReplayError(f"unknown --attempts {which!r} (one of {', '.join(WHICH)})")
+    in_place = out_db is None or same_file(out_db, db_path)
     try:
-        store = open_db(db_path, create=False)
-        run = store.get_run(run_id)
+        source = open_db(db_path, create=False, readonly=not in_place)
+        run = source.get_run(run_id)
     except StoreError as e:
         raise ReplayError(str(e)) from None
     try:
-        chosen = select_attempts(store, run, which)
+        if in_place:
+            store = source
+        else:
+            try:
+                store = open_db(out_db)
+            except StoreError as e:
+                raise ReplayError(str(e)) from None
+    except BaseException:
+        source.close()
+        raise
+    try:
+        chosen = select_attempts(source, run, which)
         if not chosen:
             raise ReplayError(f"run {run_id} has no {'' if which == 'all' else which + ' '}attempt to replay")
         with tempfile.TemporaryDirectory(prefix="kloop-replay-") as tmp, Session(spares=1, settings=settings) as session:
@@ -109,7 +132,8 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
             new_run_id = store.create_run(
                 target_name=run.get("target_name"), target_source=run["target_source"],
                 target_sha256=target.sha256, policy=run.get("policy"), model=run.get("model"),
-                settings={**(run.get("settings") or {}), "replay_attempts": which},
+                settings={**(run.get("settings") or {}), "replay_attempts": which,
+                          **({} if in_place else {"replay_of_db": str(Path(db_path).resolve())})},
                 parent_run_id=run_id, parent_kind="reverify", notes=f"re-verification of run {run_id}",
                 isolation=session.isolation)
             rows = []
@@ -131,7 +155,7 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
                 raise
         gpu = (rows[0].new["result"].get("gpu") or {}) if rows else {}
         # The re-verified run's best is the old best's counterpart, if it still holds up.
-        old_best = store.best_attempt(run_id)
+        old_best = source.best_attempt(run_id)
         best = next((a for a in store.attempts(new_run_id) if old_best and a["number"] == old_best["number"]
                      and a["verdict"] == "correct"), None)
         store.update_run(new_run_id, status="finished", finished_at=now(), best_attempt_id=best["id"] if best else None,
@@ -141,7 +165,9 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
                          baselines=rows[0].new["result"].get("baselines"))
     finally:
         store.close()
-    return ReplayOutcome(run_id, new_run_id, rows, run.get("gpu_name"), gpu.get("name"))
+        if not in_place:
+            source.close()
+    return ReplayOutcome(run_id, new_run_id, rows, run.get("gpu_name"), gpu.get("name"), store.path)
 
 
 # -- display ---------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from agent import cmd_data
 from test_export import GPU, attempt_columns, kernel, make_offline_run, timing  # noqa: F401  (shared builders)
 from agent.reverify import compare
-from tools.report import NO_TIMING_NOTE, leaderboard, progress_figure, roofline_figure
+from tools.report import NO_TIMING_NOTE, NO_TIMING_SENTENCE, leaderboard, progress_figure, roofline_figure
 from tools.store import open_db
 
 
@@ -39,12 +39,15 @@ def test_report_writes_plots_and_summary(tmp_path, timed):
     out = tmp_path / "report"
     result = CliRunner().invoke(cli(), ["report", run_id, "--db", str(db), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert is_png(out / "progress.png") and is_png(out / "roofline.png")
+    assert is_png(out / "progress.png") and (out / "roofline.png").exists() == timed   # no empty roofline frame
+    if timed:
+        assert is_png(out / "roofline.png")
     text = (out / "report.md").read_text()
     assert f"# kloop run {run_id}: vector_add" in text
     assert "## Best kernel: attempt 4 (triton)" in text and kernel(1024) in text
     assert "| add_kernel | triton | 32 |" in text                 # resources table of the best kernel
-    assert "![progress](progress.png)" in text and "![roofline](roofline.png)" in text
+    assert "![progress](progress.png)" in text and ("![roofline](roofline.png)" in text) == timed
+    assert (NO_TIMING_SENTENCE in text) != timed
     attempt_rows = [line for line in text.split("## Attempts")[1].splitlines() if line.startswith("| ")][1:]
     assert [row.split("|")[5].strip() for row in attempt_rows] == [
         "compile_error", "incorrect", "correct", "correct", "correct", "correct", "rejected"]
@@ -58,11 +61,56 @@ def texts(figure) -> list[str]:
     return [t.get_text() for ax in figure.axes for t in ax.texts]
 
 
+def tick_labels(axis) -> list[str]:
+    axis.figure.canvas.draw()
+    return [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
+
+
 def test_untimed_plots_say_why(tmp_path):
+    """No timing: verdicts per attempt, a title that says why, and no speedup drawn at 0; no roofline at all."""
     store = open_db(tmp_path / "kloop.db")
     attempts = store.attempts(make_offline_run(store, timed=False))
-    assert texts(progress_figure(attempts)) == [NO_TIMING_NOTE] * 3
-    assert texts(roofline_figure(attempts, None)) == [NO_TIMING_NOTE]
+    (ax,) = progress_figure(attempts, "vector_add").axes
+    assert ax.get_title() == f"vector_add: verdict per attempt\n({NO_TIMING_NOTE})"
+    assert tick_labels(ax.yaxis) == ["correct", "incorrect", "compile_error", "rejected"]
+    assert roofline_figure(attempts, None) is None
+
+
+def test_progress_has_the_target_and_a_best_so_far_line(tmp_path):
+    store = open_db(tmp_path / "kloop.db")
+    attempts = store.attempts(make_offline_run(store, timed=True))
+    figure = progress_figure(attempts, "vector_add", GPU["name"], target_sol=0.9)
+    assert figure.get_suptitle() == f"vector_add: progress per attempt on {GPU['name']}"
+    eager, _compile, sol = figure.axes
+    best = next(line for line in eager.lines if line.get_label() == "best so far")
+    # attempts 1, 2 failed; 3: 1.2x, 4: 2x (best from then on), 5: 1.94x, 6 (branch 1): 1.5x, 7 rejected
+    assert list(best.get_xdata()) == [3, 4, 5, 6, 7] and list(best.get_ydata()) == pytest.approx([1.2, 2, 2, 2, 2])
+    failed = next(line for line in eager.lines if line.get_label() == "failed (no speedup)")
+    assert list(failed.get_xdata()) == [1, 2, 7] and eager.get_ylim()[0] == 0   # marked at the edge, not at 0x
+    assert "stop at 90%" in [line.get_label() for line in sol.lines] and "20%" in tick_labels(sol.yaxis)
+    assert [ax.get_ylabel() for ax in figure.axes] == ["speedup vs eager (x)", "speedup vs torch.compile (x)",
+                                                       "speed of light reached"]
+
+
+def test_roofline_is_intensity_against_flops_under_two_roofs(tmp_path):
+    store = open_db(tmp_path / "kloop.db")
+    attempts = store.attempts(make_offline_run(store, timed=True))
+    figure = roofline_figure(attempts, GPU["name"], "vector_add")
+    (ax,) = figure.axes
+    assert ax.get_title() == f"vector_add: roofline on {GPU['name']}"
+    assert ax.get_xlabel() == "arithmetic intensity (FLOP per byte moved)" and ax.get_ylabel() == "achieved TFLOP/s"
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    roof = ax.lines[0]
+    ridge = GPU["peak_tflops_fp32"] * 1e3 / GPU["peak_gbps"]
+    assert roof.get_xdata()[1] == pytest.approx(ridge) and max(roof.get_ydata()) == pytest.approx(67.0)
+    intensity = (1 << 20) / (3 * 4 * (1 << 20))
+    points = ax.collections[0].get_offsets()                       # correct attempts: 25, 15, 15.5, 20 us
+    assert list(points[:, 0]) == pytest.approx([intensity] * 4)
+    assert sorted(points[:, 1]) == pytest.approx(sorted((1 << 20) / t / 1e6 for t in (25.0, 15.0, 15.5, 20.0)))
+    labels = [h.get_label() for h in figure.legends[0].legend_handles]
+    assert "best: #4, 0.0699 TFLOP/s, 25% of the roof" in labels
+    assert all("×" not in t and "^" not in t for t in tick_labels(ax.yaxis) + tick_labels(ax.xaxis))
+    assert "0.1" in tick_labels(ax.yaxis) and "100" in tick_labels(ax.xaxis)
 
 
 def test_roofline_of_an_op_without_flops_shows_bandwidth(tmp_path):
@@ -71,9 +119,10 @@ def test_roofline_of_an_op_without_flops_shows_bandwidth(tmp_path):
     for median in (20.0, 12.0):
         columns = attempt_columns("correct", kernel(64), median)
         store.add_attempt(run_id, **dict(columns, roofline={**columns["roofline"], "flops": 0}))
-    figure = roofline_figure(store.attempts(run_id), GPU["name"])
+    figure = roofline_figure(store.attempts(run_id), GPU["name"], "copy")
     ax = figure.axes[0]
-    assert ax.get_ylabel().startswith("achieved GB/s") and texts(figure) == ["#1", "#2"]   # labels, no note
+    assert ax.get_ylabel() == "achieved GB/s" and ax.get_xlabel() == "attempt" and texts(figure) == []
+    assert ax.get_title().startswith("copy: achieved memory bandwidth per attempt") and "no roofline" in ax.get_title()
     achieved = sorted(ax.collections[0].get_offsets()[:, 1])
     assert achieved == pytest.approx([3 * 4 * (1 << 20) / 20.0 / 1e3, 3 * 4 * (1 << 20) / 12.0 / 1e3])
     assert ax.lines[0].get_ydata()[0] == GPU["peak_gbps"]          # the memory roof
@@ -120,14 +169,16 @@ def test_replay_reverifies_on_cpu_and_flags_disagreements(tmp_path):
     store.update_run(run_id, best_attempt_id=store.add_attempt(run_id, **attempt_columns("correct", honest, 15.0)))
     store.add_attempt(run_id, **attempt_columns("correct", honest.replace("+ tl.load(b_ptr", "- tl.load(b_ptr"), 14.0))
     store.close()
+    logged = db.read_bytes()
 
-    result = CliRunner().invoke(cli(), ["replay", run_id, "--db", str(db), "--attempts", "all"],
+    out_db = tmp_path / "replays.db"
+    result = CliRunner().invoke(cli(), ["replay", run_id, "--db", str(db), "--attempts", "all", "--out-db", str(out_db)],
                                 env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert "not timed (no GPU)" in result.output and "verdict correct -> incorrect" in result.output
-    assert "1 disagreement(s)" in result.output
+    assert "1 disagreement" in result.output and db.read_bytes() == logged   # the database read is not written
 
-    store = open_db(db, create=False)
+    store = open_db(out_db, create=False)
     new_run = next(r for r in store.list_runs() if r["parent_run_id"] == run_id)
     assert new_run["parent_kind"] == "reverify" and new_run["status"] == "finished"
     new_attempts = store.attempts(new_run["id"])

@@ -12,7 +12,9 @@ from typing import Any
 
 from tools.store import StoreError, open_db
 
-NO_TIMING_NOTE = "no timing (CPU interpreter run)"
+NO_TIMING_NOTE = "no timing: this run had no CUDA GPU (Triton interpreter on CPU)"
+NO_TIMING_SENTENCE = ("No attempt of this run was timed (it ran without a CUDA GPU, under the Triton interpreter), "
+                      "so there are no speedups and no roofline to plot.")
 VERDICT_COLORS = {"correct": "tab:green", "incorrect": "tab:orange", "compile_error": "tab:red",
                   "runtime_error": "tab:purple", "timeout": "tab:brown", "rejected": "black"}
 
@@ -35,40 +37,98 @@ def _median(attempt: dict) -> float | None:
 
 # -- plots -----------------------------------------------------------------------------------------------------------
 
-def progress_figure(attempts: list[dict]):
-    """Speedup over eager, over torch.compile and speed-of-light fraction per attempt; one line per branch,
-    failed attempts as crosses on the axis."""
+def _plain(value: float, _pos=None) -> str:
+    """Tick labels a person reads at a glance: 0.01, 0.5, 20, 1000 (no 10^5 powers, no offsets)."""
+    if value == 0:
+        return "0"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:g}"
+
+
+def _plain_log_axis(axis) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10))
+    axis.set_major_formatter(FuncFormatter(_plain))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def is_timed(attempts: list[dict]) -> bool:
+    return any(_median(a) for a in attempts)
+
+
+def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_name: str | None = None,
+                    target_sol: float | None = None):
+    """Per attempt: speedup over eager (with the best-so-far line), over torch.compile, and the fraction of speed of
+    light; one series per branch; failed attempts as crosses along the bottom (they have no speedup). Without any
+    timing (CPU interpreter run), the verdict of each attempt instead, and a title that says there is no timing."""
     from matplotlib.figure import Figure  # Figure without pyplot: Agg canvas, no global state, no display
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    name = target_name or "run"
+    if not is_timed(attempts):
+        fig = Figure(figsize=(9, 3.6), layout="constrained")
+        ax = fig.subplots()
+        verdicts = [v for v in VERDICT_COLORS if any(a.get("verdict") == v for a in attempts)]
+        verdicts += sorted({a.get("verdict") or "none" for a in attempts} - set(verdicts))
+        for row, verdict in enumerate(verdicts):
+            numbers = [a["number"] for a in attempts if (a.get("verdict") or "none") == verdict]
+            ax.scatter(numbers, [row] * len(numbers), color=VERDICT_COLORS.get(verdict, "tab:gray"), s=40, zorder=3)
+        ax.set_yticks(range(len(verdicts)), verdicts)
+        ax.set_ylim(-0.7, len(verdicts) - 0.3)
+        ax.set_xlabel("attempt")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.set_title(f"{name}: verdict per attempt\n({NO_TIMING_NOTE})", fontsize="medium")
+        return fig
 
     panels = (("speedup_eager", "speedup vs eager (x)"), ("speedup_compile", "speedup vs torch.compile (x)"),
-              ("sol_fraction", "fraction of speed of light"))
-    fig = Figure(figsize=(9, 8), layout="constrained")
+              ("sol_fraction", "speed of light reached"))
+    fig = Figure(figsize=(9, 8.5), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True)
     branches = sorted({a.get("branch") or 0 for a in attempts})
-    timed = any(a.get(key) is not None for a in attempts for key, _ in panels)
+    ordered = sorted(attempts, key=lambda a: a["number"])
     for ax, (key, label) in zip(axes, panels):
         for branch in branches:
-            own = [a for a in attempts if (a.get("branch") or 0) == branch]
+            own = [a for a in ordered if (a.get("branch") or 0) == branch]
             points = [(a["number"], a[key]) for a in own if a.get("verdict") == "correct" and a.get(key) is not None]
             if points:
-                ax.plot(*zip(*points), marker="o", label=f"branch {branch}")
-        untimed = [a["number"] for a in attempts if a.get("verdict") == "correct" and a.get(key) is None]
-        if untimed:
-            ax.plot(untimed, [0] * len(untimed), "o", mfc="none", color="tab:green", label="correct, untimed")
-        failed = [a["number"] for a in attempts if a.get("verdict") != "correct"]
-        if failed:
-            ax.plot(failed, [0] * len(failed), "x", color="tab:red", markersize=8, label="failed")
-        if key != "sol_fraction" and timed:
-            ax.axhline(1.0, color="gray", linestyle="--", linewidth=0.8)
-        if not timed:
-            ax.text(0.5, 0.75, NO_TIMING_NOTE, transform=ax.transAxes, ha="center", va="center", color="gray",
-                    bbox={"facecolor": "white", "edgecolor": "lightgray"})
+                ax.plot(*zip(*points), marker="o", linewidth=0.8, markersize=4,
+                        label=f"branch {branch}" if len(branches) > 1 else "correct attempt")
+        best, steps = None, []
+        for a in ordered:
+            if a.get("verdict") == "correct" and a.get(key) is not None and (best is None or a[key] > best):
+                best = a[key]
+            if best is not None:
+                steps.append((a["number"], best))
+        if steps:
+            ax.step(*zip(*steps), where="post", color="black", linewidth=1.6, label="best so far")
+        failed = [a["number"] for a in ordered if a.get("verdict") != "correct"]
+        if failed:  # along the bottom edge in axes coordinates: a failure has no speedup, not a speedup of 0
+            ax.plot(failed, [0.03] * len(failed), "x", color="tab:red", markersize=7,
+                    transform=ax.get_xaxis_transform(), label="failed (no speedup)", clip_on=False)
+        if key == "sol_fraction":
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+            if target_sol is not None and target_sol <= 1:
+                ax.axhline(target_sol, color="tab:green", linestyle=":", linewidth=1,
+                           label=f"stop at {target_sol:.0%}")
+            ax.set_ylim(bottom=0)
+        else:
+            ax.axhline(1.0, color="gray", linestyle="--", linewidth=0.8, label="1x (as fast)")
+            ax.yaxis.set_major_formatter(_plain_formatter())
+            ax.set_ylim(bottom=0)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small", loc="upper left")
+        ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     axes[-1].set_xlabel("attempt")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(f"{name}: progress per attempt" + (f" on {gpu_name}" if gpu_name else ""))
     return fig
+
+
+def _plain_formatter():
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(_plain)
 
 
 def _peaks(attempts: list[dict]) -> tuple[float | None, float | None]:
@@ -83,49 +143,95 @@ def _peaks(attempts: list[dict]) -> tuple[float | None, float | None]:
     return None, None
 
 
-def roofline_figure(attempts: list[dict], gpu_name: str | None):
-    """Arithmetic intensity against achieved FLOP/s under the device's memory and compute roofs; for ops with no
-    FLOPs (copies, adds counted as pure traffic) achieved bandwidth per attempt under the memory roof."""
-    from matplotlib.figure import Figure
+def _flops_unit(peak_tflops: float | None, achieved_tflops: list[float]) -> tuple[str, float]:
+    """TFLOP/s when the numbers are at least about 1 TFLOP/s, else GFLOP/s: (unit, factor from TFLOP/s)."""
+    top = max(achieved_tflops + ([peak_tflops] if peak_tflops else []))
+    return ("TFLOP/s", 1.0) if top >= 1 else ("GFLOP/s", 1e3)
 
-    fig = Figure(figsize=(8, 6), layout="constrained")
-    ax = fig.subplots()
-    ax.set_title(f"roofline{f' ({gpu_name})' if gpu_name else ''}")
+
+def roofline_figure(attempts: list[dict], gpu_name: str | None, target_name: str | None = None):
+    """The roofline: arithmetic intensity (FLOP/byte) against achieved FLOP/s, under the GPU's memory roof (slope:
+    bandwidth) and compute roof, one dot per timed attempt and the best one named. For an op with no FLOPs counted
+    (a pure copy or add counted as traffic) a roofline has no x position: achieved bandwidth per attempt instead,
+    under the memory roof, titled as what it is. None when no attempt was timed (there is nothing to draw)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     timed = [(a, a.get("roofline") or {}, _median(a)) for a in attempts if _median(a)]
+    if not timed:
+        return None
     gbps, tflops = _peaks(attempts)
     with_flops = [(a, r, t) for a, r, t in timed if r.get("flops") and r.get("bytes")]
     with_bytes = [(a, r, t) for a, r, t in timed if r.get("bytes")]
+    name = target_name or "run"
+    on = f" on {gpu_name}" if gpu_name else ""
+    fig = Figure(figsize=(8.5, 6), layout="constrained")
+    ax = fig.subplots()
+    correct = lambda a: a.get("verdict") == "correct"  # noqa: E731
     if with_flops:
-        ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-        ax.set_ylabel("achieved GFLOP/s")
+        # FLOP/us * 1e-6 = TFLOP/s
+        points = [(r["flops"] / r["bytes"], r["flops"] / t / 1e6, a) for a, r, t in with_flops]
+        unit, scale = _flops_unit(tflops, [p[1] for p in points])
+        ax.set_title(f"{name}: roofline{on}")
+        ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+        ax.set_ylabel(f"achieved {unit}")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        points = [(r["flops"] / r["bytes"], r["flops"] / t / 1e3, a) for a, r, t in with_flops]
-        lo, hi = min(p[0] for p in points) / 10, max(p[0] for p in points) * 10
+        xs_points = [p[0] for p in points]
+        lo, hi = min(xs_points) / 30, max(xs_points) * 30
         if gbps and tflops:
-            ridge = tflops * 1e3 / gbps
-            xs = sorted({lo, hi, min(max(ridge, lo), hi)})
-            ax.plot(xs, [min(gbps * x, tflops * 1e3) for x in xs], color="gray",
-                    label=f"roof: {gbps:.0f} GB/s, {tflops:.0f} TFLOP/s")
+            ridge = tflops * 1e3 / gbps                                   # FLOP/byte where the roofs meet
+            lo, hi = min(lo, ridge / 30), max(hi, ridge * 30)
+            xs = [lo, ridge, hi]
+            ax.plot(xs, [min(gbps * x / 1e3, tflops) * scale for x in xs], color="dimgray", linewidth=2,
+                    label=f"roofs: memory {gbps:,.0f} GB/s, compute {tflops * scale:,.0f} {unit}")
+            ax.axvline(ridge, color="lightgray", linestyle=":", linewidth=1)
+            ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, tflops * scale), textcoords="offset points",
+                        xytext=(6, -14), fontsize="small", color="dimgray")
+        ax.set_xlim(lo, hi)
+        good = [p for p in points if correct(p[2])]
+        bad = [p for p in points if not correct(p[2])]
+        if good:
+            ax.scatter([p[0] for p in good], [p[1] * scale for p in good], color=VERDICT_COLORS["correct"],
+                       alpha=0.6, zorder=3, label="correct attempt")
+        if bad:
+            ax.scatter([p[0] for p in bad], [p[1] * scale for p in bad], marker="x", color="tab:red", zorder=3,
+                       label="not correct (timed)")
+        if good:
+            x, y, best = max(good, key=lambda p: p[1])
+            roof = min(gbps * x / 1e3, tflops) if gbps and tflops else None
+            share = f", {y / roof:.0%} of the roof" if roof else ""
+            ax.scatter([x], [y * scale], marker="*", s=220, color="gold", edgecolor="black", zorder=4,
+                       label=f"best: #{best['number']}, {y * scale:.3g} {unit}{share}")
+        _plain_log_axis(ax.xaxis)
+        _plain_log_axis(ax.yaxis)
+        fig.legend(fontsize="small", loc="outside lower center", ncols=2)   # below the axes: covers no point
     elif with_bytes:
-        ax.set_xlabel("attempt")
-        ax.set_ylabel("achieved GB/s (no FLOPs counted: memory traffic only)")
         points = [(a["number"], r["bytes"] / t / 1e3, a) for a, r, t in with_bytes]
+        ax.set_title(f"{name}: achieved memory bandwidth per attempt{on}\n(no FLOPs counted, so no roofline: "
+                     "bytes moved / kernel time)", fontsize="medium")
+        ax.set_xlabel("attempt")
+        ax.set_ylabel("achieved GB/s")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_formatter(_plain_formatter())
+        good = [p for p in points if correct(p[2])]
+        bad = [p for p in points if not correct(p[2])]
+        if good:
+            ax.scatter([p[0] for p in good], [p[1] for p in good], color=VERDICT_COLORS["correct"], zorder=3,
+                       label="correct attempt")
+        if bad:
+            ax.scatter([p[0] for p in bad], [p[1] for p in bad], marker="x", color="tab:red", zorder=3,
+                       label="not correct (timed)")
         if gbps:
-            ax.axhline(gbps, color="gray", label=f"memory roof: {gbps:.0f} GB/s")
+            ax.axhline(gbps, color="dimgray", linewidth=2, label=f"memory roof: {gbps:,.0f} GB/s")
+        ax.set_ylim(0, max([p[1] for p in points] + [gbps or 0]) * 1.1)
+        fig.legend(fontsize="small", loc="outside lower center", ncols=3)
     else:
-        ax.text(0.5, 0.5, NO_TIMING_NOTE if not timed else "no byte or FLOP counts to plot",
-                transform=ax.transAxes, ha="center", va="center", color="gray")
+        fig.text(0.5, 0.5, "no byte or FLOP counts were logged for these attempts, so there is no roofline",
+                 ha="center", va="center")
+        ax.set_axis_off()
         return fig
-    for verdict in sorted({p[2].get("verdict") or "" for p in points}):
-        own = [p for p in points if (p[2].get("verdict") or "") == verdict]
-        ax.scatter([p[0] for p in own], [p[1] for p in own], color=VERDICT_COLORS.get(verdict, "tab:blue"),
-                   label=verdict, zorder=3)
-        for x, y, attempt in own:
-            ax.annotate(f"#{attempt['number']}", (x, y), textcoords="offset points", xytext=(4, 4),
-                        fontsize="x-small")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3, which="major")
     return fig
 
 
@@ -161,6 +267,8 @@ def summary_markdown(run: dict, attempts: list[dict], best: dict | None, images:
              markdown_table(["setting", "value"], settings_rows), "",
              "Settings:", _json_block(run.get("settings") or {}), "",
              "Numeric flags:", _json_block(run.get("numeric_flags") or {}), ""]
+    if not is_timed(attempts):
+        parts += [NO_TIMING_SENTENCE, ""]
     parts += [f"![{Path(image).stem}]({image})" for image in images] + [""]
     if best is None:
         parts += ["## Best kernel", "", "No attempt of this run was verified correct.", ""]
@@ -189,7 +297,8 @@ def summary_markdown(run: dict, attempts: list[dict], best: dict | None, images:
 
 
 def write_report(run_id: str, db_path: str | os.PathLike, out_dir: str | os.PathLike) -> list[Path]:
-    """progress.png, roofline.png and report.md for one run, in out_dir (created if needed)."""
+    """progress.png, roofline.png (only when some attempt was timed) and report.md for one run, in out_dir (created if
+    needed)."""
     store = _open(db_path)
     try:
         try:
@@ -204,8 +313,13 @@ def write_report(run_id: str, db_path: str | os.PathLike, out_dir: str | os.Path
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         written = []
-        for name, figure in (("progress.png", progress_figure(attempts)),
-                             ("roofline.png", roofline_figure(attempts, run.get("gpu_name")))):
+        target_sol = (run.get("settings") or {}).get("target_sol")
+        figures = (("progress.png", progress_figure(attempts, run.get("target_name"), run.get("gpu_name"),
+                                                    target_sol if isinstance(target_sol, (int, float)) else None)),
+                   ("roofline.png", roofline_figure(attempts, run.get("gpu_name"), run.get("target_name"))))
+        for name, figure in figures:
+            if figure is None:      # nothing to draw: report.md says why in a sentence
+                continue
             figure.savefig(out_dir / name, dpi=110)
             written.append(out_dir / name)
         report = out_dir / "report.md"
