@@ -14,26 +14,35 @@ from tools.store import DEFAULT_DB
 
 def export_command(
     db: List[Path] = typer.Option([DEFAULT_DB], "--db", help="run database(s) to read; repeat for several"),
-    format: str = typer.Option(..., "--format", "-f", help="trl, openai, kernelbook or rl"),
-    out: Path = typer.Option(..., "--out", "-o", help="JSONL file to write (replaced atomically)"),
-    turns: str = typer.Option("all", help="trl/openai: whole trajectories (all) or one example per submission (last)"),
+    format: str = typer.Option(..., "--format", "-f", help="trl, openai, rl, verl (parquet), kernelbook or flashinfer (a folder)"),
+    out: Path = typer.Option(..., "--out", "-o", help="file to write (replaced atomically); flashinfer: a folder"),
+    train_on: str = typer.Option("final", "--train-on", help="trl/openai: final (the best verified turn of each branch) or all-correct (every verified turn; failed turns stay context)"),
     min_speedup: Optional[float] = typer.Option(None, help="keep kernels at least this much faster than eager"),
     language: Optional[str] = typer.Option(None, help="keep only triton or ptx kernels"),
     include_rejected: bool = typer.Option(False, "--include-rejected", help="keep trajectories that contain a rejected (rule-breaking) attempt; format errors never taint one"),
-    all_verdicts: bool = typer.Option(False, "--all-verdicts", help="keep incorrect and failed submissions too (RL data)"),
+    all_verdicts: bool = typer.Option(False, "--all-verdicts", help="trl/openai/kernelbook/flashinfer: failed submissions too, each row with label and verdicts (rl/verl always have every verdict)"),
     run: List[str] = typer.Option([], "--run", help="export only these run ids (repeatable)"),
+    license: Optional[str] = typer.Option(None, "--license", help="the dataset's license (every row's provenance and the card)"),
+    exclude: List[Path] = typer.Option([], "--exclude", help="evaluation problems (KernelBench-style files or folders): rows of matching targets are left out (repeatable)"),
 ) -> None:
-    """Write training data from run databases: TRL / OpenAI chat, KernelBook pairs or per-turn RL records."""
+    """Write training data from run databases; only verified kernels are trained on (see README, Harvesting)."""
+    from agent.prompting import export_prompts
     from tools.export import ExportError, ExportOptions, export
 
-    options = ExportOptions(format=format, turns=turns, min_speedup=min_speedup, language=language,
-                            include_rejected=include_rejected, all_verdicts=all_verdicts, run_ids=tuple(run))
+    options = ExportOptions(format=format, train_on=train_on, min_speedup=min_speedup, language=language,
+                            include_rejected=include_rejected, all_verdicts=all_verdicts, run_ids=tuple(run),
+                            license=license, exclude=tuple(map(str, exclude)), prompts=export_prompts())
     try:
         summary = export(db, out, options)
     except ExportError as e:
         fail(str(e))
-    Console().print(f"wrote {summary.written} {format} line(s) from {summary.runs} run(s) to {out}"
-                    f" ({summary.duplicates} duplicate kernel(s) left out)", highlight=False)
+    console = Console(soft_wrap=True)
+    console.print(f"wrote {summary.written} {format} row(s) from {summary.runs} run(s) to {out}"
+                  f" ({summary.duplicates} duplicate kernel(s), {summary.excluded} excluded run(s) left out)",
+                  highlight=False)
+    for line in summary.lines():
+        console.print(line, highlight=False)
+    console.print(f"files: {', '.join(summary.files)}", highlight=False)
 
 
 def replay_command(

@@ -1,19 +1,26 @@
 """kloop export: databases built through the store API, every format loaded back with datasets."""
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
+import math
+import re
 import sqlite3
+from pathlib import Path
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-datasets = pytest.importorskip("datasets")
+datasets = pytest.importorskip("datasets", minversion="4.7")  # older ones corrupt tool calls
 
 from agent import cmd_data  # noqa: E402
 from agent.inspect_tools import TOOLS  # noqa: E402
 from agent.policy import Message  # noqa: E402
-from tools.export import ExportOptions, breaks_rules, build_records, normalized_kernel_hash  # noqa: E402
+from agent.prompting import export_prompts  # noqa: E402
+from tools.export import (ExportOptions, breaks_rules, build_records, normalized_kernel_hash,  # noqa: E402
+                          scalar_reward)
 from tools.store import open_db  # noqa: E402
 
 TARGET = '''import torch
@@ -82,6 +89,7 @@ def attempt_columns(verdict: str, source: str, median: float | None = None, eage
                 "peak_gbps": GPU["peak_gbps"], "peak_tflops": GPU["peak_tflops_fp32"]}
     result = {"verdict": verdict, "language": "triton", "time_us": timing(median) if timed else None,
               "speedup": {"eager": eager_us / median, "compile": compile_us / median} if timed else None,
+              "baselines": {"eager": timing(eager_us), "compile": timing(compile_us)} if timed else None,
               "roofline": roofline, "gpu": GPU if timed else None, "versions": VERSIONS,
               "executed_on": "cuda" if timed else "cpu-interpreter",
               "timing_note": None if timed else "no CUDA GPU: interpreter run, no timing is real"}
@@ -225,7 +233,27 @@ def load(path):
     return datasets.load_dataset("json", data_files=str(path), split="train")
 
 
-def test_trl_whole_trajectories(runs_db, tmp_path):
+def options(**kw) -> ExportOptions:
+    return ExportOptions(prompts=export_prompts(), **kw)
+
+
+def verdicts_by_source(db) -> dict:
+    """Every logged kernel's verdict, by normalized hash: what a trained turn must map back to."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT source, language, verdict FROM attempts WHERE source != ''").fetchall()
+    out = {}
+    for source, language, verdict in rows:
+        out.setdefault(normalized_kernel_hash(source, language), set()).add(verdict)
+    return out
+
+
+def submitted_sources(messages) -> list[str]:
+    return [(c["function"]["arguments"] if isinstance(c["function"]["arguments"], dict)
+             else json.loads(c["function"]["arguments"]))["source"]
+            for m in messages for c in m.get("tool_calls") or [] if c["function"]["name"] == "submit_candidate"]
+
+
+def test_trl_trains_only_the_final_verified_turn(runs_db, tmp_path):
     db, ids = runs_db
     out = tmp_path / "trl.jsonl"
     result = run_export(db, out, "--format", "trl")
@@ -235,96 +263,320 @@ def test_trl_whole_trajectories(runs_db, tmp_path):
     # branch 1 of the offline run holds a rejected attempt: only branch 0 remains, ending at its fastest kernel
     assert sorted(by_run) == sorted(ids.values()) and len(rows) == 3
     offline = by_run[ids["offline"]]
-    assert offline["provenance"]["attempt_number"] == 4
-    assert [m["role"] for m in offline["messages"]] == ["system", "user"] + ["assistant", "tool"] * 3 + ["assistant"]
-    call = offline["messages"][-1]["tool_calls"][0]
+    assert offline["provenance"]["attempt_number"] == 4 and offline["label"] is True
+    assert offline["verdicts"] == ["compile_error", "incorrect", "correct", "correct"]
+    # the history is context (one fresh request, as a model policy sends it); only the submission is trained
+    assert [m["role"] for m in offline["prompt"]] == ["system", "user"]
+    assert [m["role"] for m in offline["completion"]] == ["assistant"]
+    call = offline["completion"][0]["tool_calls"][0]
     assert call["type"] == "function" and call["function"]["name"] == "submit_candidate"
     assert call["function"]["arguments"]["source"] == kernel(1024)       # arguments are objects, not strings
-    assert offline["messages"][3] == {**offline["messages"][3], "role": "tool", "name": "submit_candidate"}
-    assert offline["messages"][3]["content"].startswith("### Attempt 1 (triton): compile_error")
-    assert "kernel time: median 25.00 us" in offline["messages"][7]["content"]   # attempt 3's report
-    assert "@triton.jit" not in offline["messages"][7]["content"]   # the source is in the call, not repeated
-    assert "# Target: vector_add" in offline["messages"][1]["content"]
-    assert "        return x + y" in offline["messages"][1]["content"]
-    assert offline["messages"][-1]["content"] == "try: correct"                  # the attempt's reasoning
-    assert [t["function"]["name"] for t in offline["tools"]] == ["submit_candidate"]
+    assert offline["completion"][0]["content"] == "try: correct"          # the attempt's reasoning
+    user = offline["prompt"][1]["content"]
+    assert "# Target: vector_add" in user and "        return x + y" in user
+    assert "### Attempt 1 (triton): compile_error" in user and "kernel time: median 25.00 us" in user
+    assert submitted_sources(offline["prompt"]) == []      # no earlier submission sits in a trained position
+    assert [t["function"]["name"] for t in json.loads(offline["tools"])] == ["submit_candidate"]  # tools: a JSON string
 
     model = by_run[ids["anthropic"]]
     assert model["provenance"]["model"] == "claude-opus-4-8" and model["provenance"]["attempt_number"] == 1
-    roles = [m["role"] for m in model["messages"]]
-    assert roles == ["system", "user", "assistant", "tool", "assistant"]
-    assert model["messages"][2]["reasoning_content"] == "Look at the seed's PTX first."
-    assert model["messages"][1]["content"].startswith("# Target: vector_add") and "## Turn 1" in model["messages"][1]["content"]
-    assert model["messages"][2]["tool_calls"][0]["function"]["arguments"]["attempt"] == 1
-    assert model["messages"][3]["name"] == "get_ptx" and model["messages"][3]["content"] == ".visible .entry"
-    assert model["messages"][4]["content"] == "Vectorized loads, BLOCK=512."
-    assert model["messages"][4]["tool_calls"][0]["function"]["arguments"]["source"] == kernel(512)
-    assert {t["function"]["name"] for t in model["tools"]} == {t["name"] for t in TOOLS}
-
+    assert [m["role"] for m in model["prompt"]] == ["system", "user", "assistant", "tool"]
+    assert model["prompt"][2]["reasoning_content"] == "Look at the seed's PTX first."
+    # arguments round-trip exactly through datasets (below 4.7 every call got every tool's argument names as nulls)
+    assert model["prompt"][2]["tool_calls"][0]["function"]["arguments"] == {"attempt": 1}
+    assert model["completion"][0]["tool_calls"][0]["function"]["arguments"] == {
+        "language": "triton", "source": kernel(512), "rationale": "wider blocks"}
+    assert model["prompt"][3]["name"] == "get_ptx" and model["prompt"][3]["content"] == ".visible .entry"
+    assert model["completion"][0]["content"] == "Vectorized loads, BLOCK=512."
+    assert model["completion"][0]["tool_calls"][0]["function"]["arguments"]["source"] == kernel(512)
+    assert {t["function"]["name"] for t in json.loads(model["tools"])} == {t["name"] for t in TOOLS}
     openai_run = by_run[ids["openai"]]
-    assert openai_run["messages"][0]["role"] == "system"
-    assert openai_run["messages"][-1]["tool_calls"][0]["function"]["arguments"]["rationale"] == "simple"
+    assert openai_run["prompt"][0]["role"] == "system"
+    assert openai_run["completion"][0]["tool_calls"][0]["function"]["arguments"]["rationale"] == "simple"
+    # no failed kernel is ever a trained target
+    verdicts = verdicts_by_source(db)
     for row in rows:
-        assert set(row["provenance"]) == {"db", "run_id", "attempt_id", "attempt_number", "gpu", "versions",
-                                          "policy", "model", "isolation"}
-        assert row["provenance"]["isolation"] == ("unshare: bwrap unusable" if row is openai_run else None)
-        assert row["provenance"]["versions"]["triton"] == "3.6.0" and row["provenance"]["db"] == str(db)
+        for source in submitted_sources(row["completion"]):
+            assert verdicts[normalized_kernel_hash(source)] == {"correct"}
 
 
-def test_trl_per_turn_dedupes_and_include_rejected(runs_db, tmp_path):
+def test_provenance_fields(runs_db, tmp_path):
     db, ids = runs_db
-    records, summary = build_records([db], ExportOptions(format="trl", turns="last", run_ids=(ids["offline"],)))
-    # correct attempts 3, 4 of branch 0; attempt 5 is attempt 4 reformatted
-    assert [r["provenance"]["attempt_number"] for r in records] == [3, 4] and summary.duplicates == 1
-    assert records[0]["messages"][-1]["role"] == "assistant" and len(records[1]["messages"]) == 2 + 2 * 3 + 1
-    records, _ = build_records([db], ExportOptions(format="trl", turns="last", include_rejected=True,
-                                                   all_verdicts=True, run_ids=(ids["offline"],)))
-    assert [r["provenance"]["attempt_number"] for r in records] == [1, 2, 3, 4, 6, 7]
+    records, _ = build_records([db], options(format="trl", license="cc-by-4.0"))
+    for row in records:
+        p = row["provenance"]
+        assert p["kloop_version"] and p["license"] == "cc-by-4.0" and p["db"] == str(db)
+        assert p["target_sha256"] == hashlib.sha256(TARGET.encode()).hexdigest()
+        assert p["executed_on"] == "cuda" and p["gpu"] == GPU["name"] and p["driver"] == "580.95"
+        assert p["cuda"] == "13.0" and p["versions"]["triton"] == "3.6.0" and p["versions"]["torch"] == "2.11.0"
+        assert p["timing"] == {"flags": [], "throttled": False, "remeasured": False,
+                               "derived_compile_baseline": False, "timed": True}
+        assert p["isolation"] == ("unshare: bwrap unusable" if p["run_id"] == ids["openai"] else None)
+        assert len(p["run_id"]) == 8 and isinstance(p["attempt_id"], int)
 
 
-def test_openai_format(runs_db, tmp_path):
+def test_a_cpu_interpreter_run_claims_no_gpu(tmp_path):
+    db = tmp_path / "cpu.db"
+    store = open_db(db)
+    run_id = make_offline_run(store, timed=False)
+    store.update_run(run_id, gpu_name="NVIDIA H200")   # a loopback run started on a GPU host, judged on CPU
+    store.close()
+    records, _ = build_records([db], options(format="kernelbook"))
+    p = records[0]["provenance"]
+    assert p["executed_on"] == "cpu-interpreter" and p["gpu"] is None and p["driver"] is None
+    assert p["timing"]["timed"] is False
+
+
+def test_all_correct_trains_every_verified_turn_once(runs_db, tmp_path):
+    db, ids = runs_db
+    records, summary = build_records([db], options(format="trl", train_on="all-correct"))
+    by_run = {}
+    for r in records:
+        by_run.setdefault(r["provenance"]["run_id"], []).append(r["provenance"]["attempt_number"])
+    # offline: correct attempts 3 and 4 (5 is 4 reformatted: left out, counted); anthropic 1; openai 1
+    assert by_run == {ids["offline"]: [3, 4], ids["anthropic"]: [1], ids["openai"]: [1]}
+    assert summary.duplicates == 1
+    trained = [normalized_kernel_hash(s) for r in records for s in submitted_sources(r["completion"])]
+    assert len(trained) == len(set(trained)) == 4          # every kernel trained exactly once
+    # with a second copy of the database, nothing is trained twice either
+    other = tmp_path / "copy.db"
+    store = open_db(other)
+    make_offline_run(store)
+    store.close()
+    records, summary = build_records([db, other], options(format="trl", train_on="all-correct"))
+    assert len(records) == 4 and summary.duplicates == 1 + 3   # the copy's 3, 4 and 5 were trained already
+
+
+def test_all_verdicts_rows_carry_labels_and_verdicts(runs_db):
+    db, ids = runs_db
+    records, _ = build_records([db], options(format="trl", train_on="all-correct", all_verdicts=True,
+                                             run_ids=(ids["anthropic"],)))
+    assert [(r["verdict"], r["label"]) for r in records] == [
+        ("correct", True), ("incorrect", False), ("format_error", False)]
+    assert [r["verdicts"] for r in records] == [["correct"], ["incorrect"], ["format_error"]]
+    records, _ = build_records([db], options(format="trl", all_verdicts=True, run_ids=(ids["offline"],)))
+    assert len(records) == 1 and records[0]["verdict"] == "correct"   # the branch's last submission (5 is 4 again)
+
+
+def test_openai_weights_schema_sidecar_and_warning(runs_db, tmp_path):
     db, ids = runs_db
     out = tmp_path / "openai.jsonl"
-    assert run_export(db, out, "--format", "openai", "--turns", "last").exit_code == 0
+    result = run_export(db, out, "--format", "openai", "--train-on", "all-correct")
+    assert result.exit_code == 0, result.output
+    assert "warning: 4 example(s): OpenAI fine-tuning needs at least 10" in result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    sidecar = [json.loads(line) for line in (tmp_path / "openai.jsonl.provenance.jsonl").read_text().splitlines()]
+    assert len(lines) == len(sidecar) == 4 and [s["line"] for s in sidecar] == [0, 1, 2, 3]
+    verdicts = verdicts_by_source(db)
+    for line, side in zip(lines, sidecar):
+        assert set(line) == {"messages", "tools"}                      # no provenance or label in the line
+        assert side["provenance"]["run_id"] and side["label"] is True
+        for m in line["messages"]:
+            assert set(m) <= {"role", "content", "tool_calls", "tool_call_id", "weight"}
+            if m["role"] != "assistant":
+                assert "weight" not in m
+                continue
+            assert m["weight"] in (0, 1)
+            if m.get("tool_calls"):
+                assert m.get("content", None) != ""                     # omitted, never "" next to tool calls
+                assert all(isinstance(c["function"]["arguments"], str) and c["id"] for c in m["tool_calls"])
+            submitted = submitted_sources([m])
+            if m["weight"] == 1:
+                assert submitted and all(verdicts[normalized_kernel_hash(s)] == {"correct"} for s in submitted)
+        assert line["messages"][-1]["weight"] == 1
+        tool_answers = [m for m in line["messages"] if m["role"] == "tool"]
+        calls = {c["id"] for m in line["messages"] for c in m.get("tool_calls") or []}
+        assert all(m["tool_call_id"] in calls for m in tool_answers)
+    anthropic = next(line for line, side in zip(lines, sidecar) if side["provenance"]["run_id"] == ids["anthropic"])
+    assert [m.get("weight") for m in anthropic["messages"] if m["role"] == "assistant"] == [0, 1]  # inspection: 0
+
+
+def test_rl_rows_rewards_and_groups(runs_db, tmp_path):
+    db, ids = runs_db
+    out = tmp_path / "rl.jsonl"
+    assert run_export(db, out, "--format", "rl", "--run", ids["anthropic"]).exit_code == 0
     rows = list(load(out))
-    assert len(rows) == 4   # offline: 3 and 4 (5 duplicates 4); anthropic: 1; openai: 1
+    # every verdict by default; the format error (turn 3) has no kernel and is a zero-reward turn
+    assert [(r["verdict"], r["label"], r["reward"]) for r in rows] == [
+        ("correct", True, pytest.approx(1 + 0.5 * math.log2(30 / 18))), ("incorrect", False, 0.1),
+        ("format_error", False, 0.0)]
+    assert rows[0]["reward_components"]["speedup_eager"] == pytest.approx(30 / 18)
+    assert rows[0]["reference_source"] == TARGET and rows[0]["baselines_us"] == {"eager": 30.0, "compile": 24.0}
+    assert rows[0]["tolerances"]["atol_rtol"] == {"float32": [1e-4, 1e-4]}
+    assert rows[0]["shapes"]["sizes"] == {"N": 1 << 20} and rows[0]["shapes"]["gpu"][0] == {}
+    assert rows[0]["shapes"]["executed"] == "gpu" and rows[0]["shapes"]["cpu_interpreter"][0]["N"] <= 1 << 15
+    assert [m["role"] for m in rows[0]["prompt"]] == ["system", "user", "assistant", "tool"]
+    assert rows[1]["completion"][0]["tool_calls"][0]["function"]["name"] == "submit_candidate"
+    assert rows[2]["completion"][0]["content"] == "I think we are done."
+    # a GRPO group is every row with the same prompt (text and roles): here each turn had its own
+    from tools.export import plain_messages
+    assert rows[0]["group_id"] == hashlib.sha256(json.dumps(plain_messages(rows[0]["prompt"]),
+                                                            sort_keys=True).encode()).hexdigest()[:16]
+    assert len({r["group_id"] for r in rows}) == 3
+
+
+def test_scalar_reward_formula():
+    assert scalar_reward({"correct": True, "speedup_eager": None}) == 1.0
+    assert scalar_reward({"correct": True, "speedup_eager": 2.0}) == 1.5
+    assert scalar_reward({"correct": True, "speedup_eager": 100.0}) == 2.5      # clipped at 8x
+    assert scalar_reward({"correct": True, "speedup_eager": 0.1}) == 0.5        # a slow verified kernel
+    assert scalar_reward({"correct": False, "compiled": True}) == 0.1
+    assert scalar_reward({"correct": False, "compiled": False}) == 0.0
+
+
+def test_verl_parquet(runs_db, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    db, ids = runs_db
+    out = tmp_path / "verl.parquet"
+    result = run_export(db, out, "--format", "verl")
+    assert result.exit_code == 0, result.output
+    table = pq.read_table(out)
+    assert {"data_source", "prompt", "ability", "reward_model", "extra_info"} <= set(table.column_names)
+    rows = table.to_pylist()
+    # offline branch 0: 5 turns (5 = 4 reformatted, dropped) -> 4; anthropic 3; openai 1
+    assert len(rows) == 4 + 3 + 1
     for row in rows:
-        calls = [c for m in row["messages"] for c in m.get("tool_calls") or []]
-        assert calls and all(isinstance(c["function"]["arguments"], str) and c["id"] for c in calls)
-        json.loads(calls[-1]["function"]["arguments"])
-        tool_answers = [m for m in row["messages"] if m["role"] == "tool"]
-        assert all(m["tool_call_id"] for m in tool_answers)
-        assert {c["id"] for c in calls} >= {m["tool_call_id"] for m in tool_answers}
+        assert row["data_source"] == "kloop/vector_add" and row["ability"] == "gpu-kernel-optimization"
+        assert row["reward_model"] == {"style": "rule", "ground_truth": TARGET}
+        assert all(set(m) == {"role", "content"} and isinstance(m["content"], str) for m in row["prompt"])
+        info = row["extra_info"]
+        assert info["label"] == (info["verdict"] == "correct")
+        assert json.loads(info["provenance"])["target_name"] == "vector_add"
+    offline = [r for r in rows if json.loads(r["extra_info"]["provenance"])["run_id"] == ids["offline"]]
+    assert [r["extra_info"]["verdict"] for r in offline] == ["compile_error", "incorrect", "correct", "correct"]
+    assert "# language: triton" in offline[2]["extra_info"]["response"]           # the plain-text protocol
+    assert "submit_candidate" not in offline[0]["prompt"][0]["content"]
 
 
-def test_kernelbook_pairs_and_filters(runs_db, tmp_path):
+def test_flashinfer_trace_folder(runs_db, tmp_path):
+    db, ids = runs_db
+    out = tmp_path / "fi"
+    result = run_export(db, out, "--format", "flashinfer")
+    assert result.exit_code == 0, result.output
+    definitions = list((out / "definitions").rglob("*.json"))
+    assert len(definitions) == 1
+    d = json.loads(definitions[0].read_text())
+    assert set(d) >= {"name", "op_type", "axes", "inputs", "outputs", "reference"}
+    assert d["axes"] == {"N": {"type": "var"}}
+    assert d["inputs"] == {"x": {"shape": ["N"], "dtype": "float32"}, "y": {"shape": ["N"], "dtype": "float32"}}
+    assert d["outputs"] == {"output": {"shape": ["N"], "dtype": "float32"}}
+    assert "def run(x, y):" in d["reference"]
+    solutions = [json.loads(p.read_text()) for p in (out / "solutions").rglob("*.json")]
+    traces = [json.loads(line) for p in (out / "traces").rglob("*.jsonl") for line in p.read_text().splitlines()]
+    # every verified kernel (offline 3 and 4, 5 repeats 4; one per model run), nothing else
+    assert len(solutions) == len(traces) == 4
+    for s in solutions:
+        assert s["definition"] == d["name"] and s["spec"]["entry_point"] == "main.py::run"
+        assert s["spec"]["language"] == "triton" and s["spec"]["target_hardware"] == [GPU["name"]]
+        assert [f["path"] for f in s["sources"]] == ["kernel.py", "main.py"]
+    for t in traces:
+        assert t["definition"] == d["name"] and t["workload"]["axes"] == {"N": 1 << 20}
+        assert t["workload"]["inputs"] == {"x": {"type": "random"}, "y": {"type": "random"}}
+        e = t["evaluation"]
+        assert e["status"] == "PASSED" and e["environment"]["hardware"] == GPU["name"]
+        assert e["performance"]["speedup_factor"] > 1 and e["performance"]["reference_latency_ms"] == 0.03
+    workloads = [json.loads(line) for p in (out / "workloads").rglob("*.jsonl") for line in p.read_text().splitlines()]
+    assert len(workloads) == 1 and workloads[0]["solution"] is None
+
+
+def test_kernelbook_columns(runs_db, tmp_path):
     db, ids = runs_db
     out = tmp_path / "kb.jsonl"
-    assert run_export(db, out, "--format", "kernelbook", "--min-speedup", "1.5").exit_code == 0
+    assert run_export(db, out, "--format", "kernelbook", "--min-speedup", "1.5", "--license", "mit").exit_code == 0
     rows = list(load(out))
     # offline best: 30/15 = 2x; anthropic best: 30/18 = 1.67x; openai: 30/22 = 1.36x is below the bar
     assert sorted(r["provenance"]["run_id"] for r in rows) == sorted([ids["offline"], ids["anthropic"]])
     row = next(r for r in rows if r["provenance"]["run_id"] == ids["offline"])
-    assert row["triton_code"] == kernel(1024) and row["python_code"] == TARGET
-    assert row["entry_point"] == "Model" and row["module_name"] == "vector_add" and row["synthetic"] is True
+    assert row["triton_code"] == kernel(1024) and row["python_code"] == TARGET and row["ptx_code"] is None
+    assert row["entry_point"] == "vector_add" and row["module_name"] == "vector_add" and row["synthetic"] is True
+    assert row["original_triton_code"] is None           # no generated starter in this run
+    assert row["licenses"] == ["mit"] and row["sha"] == hashlib.sha256(TARGET.encode()).hexdigest()
+    assert isinstance(row["uuid"], int) and row["repo_link"] == f"kloop://{ids['offline']}/4"
     assert row["speedup_eager"] == pytest.approx(2.0) and row["language"] == "triton"
     assert run_export(db, tmp_path / "none.jsonl", "--format", "kernelbook", "--language", "ptx").exit_code == 2
 
 
-def test_rl_records(runs_db, tmp_path):
+def test_kernelbook_starter_and_ptx(tmp_path):
+    from agent.policies.offline import MARK
+    from tools.export import OFFLINE_MARK
+    assert OFFLINE_MARK == MARK
+    db = tmp_path / "kb.db"
+    store = open_db(db)
+    run_id = store.create_run(target_name="vector_add", target_source=TARGET, policy="offline", model="",
+                              versions=VERSIONS)
+    starter = MARK + '{"template": "triton_block", "values": {"BLOCK": 256}}\n' + kernel(256)
+    tuned = MARK + '{"template": "triton_block", "values": {"BLOCK": 1024}}\n' + kernel(1024)
+    ptx = MARK + '{"template": "ptx_add", "values": {}}\nfrom tools.launch import PtxKernel\nPTX = ".entry"\n'
+    store.add_attempt(run_id, branch=0, turn=1, **attempt_columns("correct", starter, 25.0))
+    store.add_attempt(run_id, branch=0, turn=2, **attempt_columns("correct", tuned, 15.0))
+    store.add_attempt(run_id, branch=0, turn=3, **{**attempt_columns("correct", ptx, 10.0), "language": "ptx"})
+    store.close()
+    rows, _ = build_records([db], options(format="kernelbook", language="triton"))
+    assert rows[0]["triton_code"] == tuned and rows[0]["original_triton_code"] == starter
+    rows, _ = build_records([db], options(format="kernelbook", language="ptx"))
+    assert rows[0]["triton_code"] is None and rows[0]["ptx_code"] == ptx and rows[0]["language"] == "ptx"
+
+
+def test_exclude_drops_exactly_the_evaluation_problems(runs_db, tmp_path):
     db, ids = runs_db
-    out = tmp_path / "rl.jsonl"
-    assert run_export(db, out, "--format", "rl", "--all-verdicts", "--run", ids["anthropic"]).exit_code == 0
+    store = open_db(db)
+    other_target = TARGET.replace("x + y", "x * y")
+    other = store.create_run(target_name="vector_mul", target_source=other_target, policy="offline", model="",
+                             versions=VERSIONS)
+    store.add_attempt(other, branch=0, turn=1, **attempt_columns("correct", kernel(64).replace(" + tl.load(y",
+                                                                                                 " * tl.load(y"), 20.0))
+    store.close()
+    evalset = tmp_path / "level1"
+    evalset.mkdir()
+    # the same problem as KernelBench would ship it: other comments, a docstring, other layout
+    (evalset / "1_vector_add.py").write_text('"""Adds."""\n# level 1\n' + TARGET.replace("\n\n\n", "\n\n"))
+    (evalset / "2_unrelated.py").write_text(TARGET.replace("x + y", "x - y"))
+    out = tmp_path / "kb.jsonl"
+    result = run_export(db, out, "--format", "kernelbook", "--exclude", str(evalset))
+    assert result.exit_code == 0, result.output
     rows = list(load(out))
-    # the format error (turn 3) has no kernel: it keeps the branch and is a zero-reward turn
-    assert [(r["verdict"], r["correct"], r["compiled"]) for r in rows] == [
-        ("correct", True, True), ("incorrect", False, True), ("format_error", False, False)]
-    assert rows[0]["speedup_eager"] == pytest.approx(30 / 18) and rows[1]["speedup_eager"] is None
-    assert [m["role"] for m in rows[0]["prompt"]] == ["system", "user", "assistant", "tool"]
-    assert [m["role"] for m in rows[1]["prompt"]] == ["system", "user"]
-    assert rows[1]["completion"][0]["role"] == "assistant"
-    assert rows[1]["completion"][0]["tool_calls"][0]["function"]["name"] == "submit_candidate"
-    assert rows[2]["completion"][0]["content"] == "I think we are done."
+    assert [r["provenance"]["run_id"] for r in rows] == [other]
+    assert "3 excluded run(s)" in result.output
+    records, summary = build_records([db], options(format="trl", exclude=(str(evalset / "1_vector_add.py"),)))
+    assert [r["provenance"]["run_id"] for r in records] == [other] and summary.excluded == 3
+
+
+def test_card_and_length_stats(runs_db, tmp_path):
+    db, _ = runs_db
+    out = tmp_path / "trl.jsonl"
+    result = run_export(db, out, "--format", "trl", "--license", "apache-2.0")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"^prompt +chars min \d+ median \d+ p90 \d+ max \d+; est\. tokens min \d+", result.output, re.M)
+    assert re.search(r"^trained +chars min \d+", result.output, re.M)
+    assert re.search(r"^max_length >= \d+ tokens", result.output, re.M)
+    card = (tmp_path / "README.md").read_text()
+    assert card.startswith("---\nlicense: apache-2.0\n") and "kloop_export:\n  format: trl" in card
+    assert "3 row(s)" in card and "NVIDIA H100 80GB HBM3" in card and "reward = 0 if" in card
+    # a README.md that kloop did not write is left alone
+    (tmp_path / "README.md").write_text("# my project\n")
+    assert run_export(db, out, "--format", "trl").exit_code == 0
+    assert (tmp_path / "README.md").read_text() == "# my project\n" and (tmp_path / "trl.jsonl.README.md").exists()
+
+
+def test_length_stats_values(runs_db):
+    db, ids = runs_db
+    from tools.export import _build
+    builder = _build([db], options(format="trl", run_ids=(ids["openai"],)))
+    row = builder.rows[0]
+    record = row["record"]
+    assert row["trained"] == len(json.dumps(record["completion"][0]["tool_calls"][0]["function"]["arguments"])) + \
+        len("submit_candidate")
+    stats = builder.summary.lengths
+    assert stats["prompt"]["chars"]["max"] == row["prompt"] and stats["prompt"]["tokens"]["max"] == math.ceil(
+        row["prompt"] / 3.5)
+    assert builder.summary.max_length == 1024
+
+
+def test_tools_never_import_agent():
+    tree = ast.parse(Path(__file__).parent.parent.joinpath("tools", "export.py").read_text())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + \
+        [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in imported if m and (m == "agent" or m.startswith(("agent.", "sandbox")))]
 
 
 def test_normalized_hash_ignores_comments_and_layout():
@@ -395,3 +647,82 @@ def test_export_reads_beside_a_writer_without_waiting(runs_db, tmp_path, monkeyp
     finally:
         holder.execute("ROLLBACK")
     assert result.exit_code == 0, result.output
+
+
+CHAT_TEMPLATE = (  # a ChatML-like template with tool calls and generation markers, written here: nothing from a hub
+    "{% if tools %}<|im_start|>system\n# Tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments}"
+    " | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% endgeneration %}"
+    "{% else %}{{ m.content or '' }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assistant_only_loss", [False, True])
+def test_trl_sft_trains_on_the_verified_turn_only(runs_db, tmp_path, assistant_only_loss):
+    """TRL's SFTTrainer on the trl export, with a byte-level tokenizer and a one-layer random model made here."""
+    pytest.importorskip("trl")
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from trl import SFTConfig, SFTTrainer
+
+    db, _ = runs_db
+    out = tmp_path / "trl.jsonl"
+    assert run_export(db, out, "--format", "trl").exit_code == 0
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
+                                                     pad_token="<pad>")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=16384))
+    rows = load(out)
+    dataset = rows.remove_columns([c for c in rows.column_names if c not in ("prompt", "completion", "tools")])
+    # one token per byte here, so max_length is in characters: the export's longest row, and some room for the template
+    longest = max(len(json.dumps(r["prompt"])) + len(json.dumps(r["completion"])) + len(r["tools"]) for r in rows)
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=2, per_device_train_batch_size=1,
+                     max_length=longest + 512, report_to=[], save_strategy="no", use_cpu=True,
+                     assistant_only_loss=assistant_only_loss)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    train = trainer.train_dataset
+    assert len(train) == len(rows) == 3                       # nothing dropped as fully masked
+    for example, row in zip(train, rows):
+        mask = example.get("completion_mask") or example.get("assistant_masks")
+        trained_ids = ([t for t, m in zip(example["input_ids"], mask) if m] if mask is not None
+                       else [t for t, label in zip(example["input_ids"], example["labels"]) if label != -100])
+        trained = tokenizer.decode(trained_ids)
+        source = row["completion"][0]["tool_calls"][0]["function"]["arguments"]["source"]
+        assert json.dumps(source)[1:40] in trained             # the verified kernel is trained on
+        assert "# Target" not in trained and "### Attempt" not in trained   # the context is not
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+@pytest.mark.slow
+def test_reward_function_judges_completions_with_the_evaluator():
+    """agent.reward turns completions (text, a TRL message list, a verl string) back into kloop verdicts."""
+    from agent import reward
+    from sandbox.evaluate import Session
+
+    here = Path(__file__).parent
+    reference = (here / "targets" / "tiny_add.py").read_text()
+    honest = (here / "candidates" / "honest_add.py").read_text()
+    wrong = honest.replace("tl.load(a_ptr + offs, mask=mask) +", "tl.load(a_ptr + offs, mask=mask) -")
+    with Session(spares=0) as session:
+        good = reward.score([{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "submit_candidate", "arguments": json.dumps({"language": "triton", "source": honest,
+                                                                   "rationale": "plain"})}}]}],
+            reference, session=session)
+        bad = reward.score(f"Subtract, for once.\n```python\n# language: triton\n{wrong}```", reference,
+                           session=session)
+    assert (good.verdict, good.reward, good.components["correct"]) == ("correct", 1.0, True)   # untimed on CPU
+    assert (bad.verdict, bad.reward) == ("incorrect", 0.1)
+    none = reward.score("I am done.", reference)
+    assert (none.verdict, none.reward) == ("format_error", 0.0)
+    assert reward.compute_score("kloop/tiny_add", "no code here", reference, {"language": "triton"}) == 0.0

@@ -1,12 +1,26 @@
-"""Turn run databases into training data: TRL / OpenAI chat JSONL, KernelBook-style pairs, per-turn RL records.
+"""Turn run databases into training data that trainers take as they are, with no unverified kernel ever trained on.
 
-Every example ends at one logged submission (an attempt) and carries its provenance, so a dataset row can always be
-traced back to the run, attempt and machine it came from. Model runs are rebuilt from the logged requests and
-responses (each turn's conversation exactly as the model saw it); offline-policy runs, which have no model requests,
-are rebuilt from their attempts with the model policies' own prompts: the target, then per attempt the reasoning plus
-a `submit_candidate` call, answered with the evaluator's report on it.
+Formats (`ExportOptions.format`):
+  trl        prompt/completion rows: the conversation before a submission is context, the submitting assistant turn
+             is the trained part. `train_on="final"`: one row per branch, ending at its best verified kernel;
+             `"all-correct"`: one row per verified turn (failed turns stay in the prompt as context only).
+  openai     chat fine-tuning lines (`messages`, `tools`): `weight: 0` on every assistant turn that is not a verified
+             submission trained here; provenance, labels and verdicts go to a line-aligned sidecar file.
+  rl         one row per turn, every verdict: prompt, completion, reference source, shapes, tolerances, baselines,
+             reward components, a scalar reward (REWARD_FORMULA), `label`, and a `group_id` per prompt (GRPO).
+  verl       the rl rows in verl's parquet schema (data_source, prompt, ability, reward_model, extra_info).
+  kernelbook one row per run: the target (python_code) and its best verified kernel, KernelBook's columns.
+  flashinfer a FlashInfer Trace directory: definitions/, workloads/, solutions/, traces/.
 
-    >>> summary = export(["runs/kloop.db"], "sft.jsonl", ExportOptions(format="trl", turns="last"))
+Every row carries provenance (kloop version, target sha256, where it executed, GPU/driver/CUDA/torch/triton, timing
+flags, run and attempt ids, policy/model, the user's license); a dataset card (README.md with a YAML header) is
+written next to the export. `exclude` drops every row whose target is an evaluation problem (normalized source hash).
+
+Layering: tools/ never imports agent/. Offline-policy runs log no model requests, so their conversations are
+rebuilt with the model policies' wording, which the caller passes as `Prompts` (agent.prompting.export_prompts()).
+
+    >>> from agent.prompting import export_prompts
+    >>> summary = export(["runs/kloop.db"], "sft.jsonl", ExportOptions(format="trl", prompts=export_prompts()))
     >>> summary.written
     12
 """
@@ -15,23 +29,38 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import re
+import statistics
 import tempfile
 import tokenize
-from dataclasses import dataclass
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-from agent import prompting
-from agent.inspect_tools import SUBMIT, TOOLS, openai_tools
-from agent.policy import AttemptView, ProposeContext
 from tools.result import EvalResult
 from tools.store import Store, StoreError, open_db
 
-FORMATS = ("trl", "openai", "kernelbook", "rl")
-TURNS = ("all", "last")
+FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
+TRAIN_ON = ("final", "all-correct")
 LANGUAGES = ("triton", "ptx")
+SUBMIT = "submit_candidate"
+# The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
+OFFLINE_MARK = "# kloop-offline: "
+# Token counts are estimated, not tokenized: a rule of thumb of about 3.5 characters per token for BPE tokenizers
+# on this mix of English and Python/PTX (not measured against a tokenizer here; a real one is the final word).
+CHARS_PER_TOKEN = 3.5
+OPENAI_MIN_EXAMPLES = 10
+# The evaluator's tolerances (tools/verify.py TOLERANCES), by dtype: |out - ref| <= atol + rtol * |ref|.
+TOLERANCES = {"float64": [1e-7, 1e-7], "float32": [1e-4, 1e-4], "float16": [1e-2, 1e-2], "bfloat16": [2e-2, 2e-2],
+              "integer/bool": [0.0, 0.0]}
+REWARD_FORMULA = ("reward = 0 if no kernel ran to a result (format_error, rejected, compile_error); "
+                  "0.1 if it ran but failed (incorrect, runtime_error, timeout); "
+                  "1 + 0.5 * clip(log2(speedup_eager), -1, 3) if correct (1.0 when untimed, e.g. CPU interpreter), "
+                  "so a verified kernel earns 0.5 to 2.5 and always more than any failure")
 
 
 class ExportError(Exception):
@@ -39,21 +68,52 @@ class ExportError(Exception):
 
 
 @dataclass
+class Prompts:
+    """The wording of a rebuilt offline-policy conversation, given by the caller (agent.prompting.export_prompts)."""
+    system: Callable[[str, bool], str]              # (language, tools) -> the system prompt
+    turn: Callable[[dict, dict | None, list[dict], int], str]   # (run, gpu, earlier attempt rows, turn) -> the
+                                                    # user message: the target, then this turn's evidence
+    submit_tool: dict                               # submit_candidate, chat-completions form
+
+
+@dataclass
 class ExportOptions:
     format: str = "trl"
-    turns: str = "all"                 # trl/openai: whole trajectories or one example per submission
-    min_speedup: float | None = None   # over eager
+    train_on: str = "final"            # trl/openai: the best verified turn per branch, or every verified turn
+    min_speedup: float | None = None   # over eager (rl/verl: applies to correct turns only)
     language: str | None = None
     include_rejected: bool = False     # keep trajectories that contain a rejected (rule-breaking) attempt
-    all_verdicts: bool = False         # keep incorrect / failed submissions too (RL data)
+    all_verdicts: bool = False         # trl/openai/kernelbook/flashinfer: failed submissions too, with label/verdict
     run_ids: tuple[str, ...] = ()      # empty: every run of every database
+    license: str | None = None         # the dataset's license, set by the user (provenance and card)
+    exclude: tuple[str, ...] = ()      # files or folders of evaluation problems whose targets are left out
+    prompts: Prompts | None = None     # needed for offline-policy runs in chat formats
 
 
 @dataclass
 class ExportSummary:
     written: int = 0
-    duplicates: int = 0
+    duplicates: int = 0                # rows (or trained turns) left out because their kernel was already trained
+    excluded: int = 0                  # rows left out because their target is an evaluation problem
     runs: int = 0
+    lengths: dict = field(default_factory=dict)   # prompt / trained: {n, chars: {...}, tokens: {...}}
+    max_length: int | None = None      # tokens: a trainer's max_length that keeps every row whole
+    files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """What `kloop export` prints after the first line."""
+        out = []
+        for part in ("prompt", "trained"):
+            stats = self.lengths.get(part)
+            if stats and stats["n"]:
+                c, t = stats["chars"], stats["tokens"]
+                out.append(f"{part:8s} chars min {c['min']} median {c['median']} p90 {c['p90']} max {c['max']}; "
+                           f"est. tokens min {t['min']} median {t['median']} p90 {t['p90']} max {t['max']}")
+        if self.max_length:
+            out.append(f"max_length >= {self.max_length} tokens keeps every row whole "
+                       f"(estimated at {CHARS_PER_TOKEN} characters per token)")
+        return out + [f"warning: {w}" for w in self.warnings]
 
 
 # -- reading runs ----------------------------------------------------------------------------------------------------
@@ -77,6 +137,25 @@ def normalized_kernel_hash(source: str, language: str = "triton") -> str:
     return hashlib.sha256(re.sub(r"\s+", "", text).encode()).hexdigest()
 
 
+def normalized_target_hash(source: str) -> str:
+    """The decontamination key of a problem: its source with comments, docstrings and layout removed."""
+    text = source or ""
+    if _is_python(text):
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+        kept, previous = [], tokenize.NEWLINE
+        for tok in tokens:
+            # a string statement (docstring) starts a logical line: drop it
+            if tok.type == tokenize.STRING and previous in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+                previous = tokenize.STRING
+                continue
+            if tok.type not in _LAYOUT_TOKENS:
+                kept.append(tok.string)
+            if tok.type not in (tokenize.COMMENT, tokenize.NL):
+                previous = tok.type
+        text = " ".join(kept)
+    return hashlib.sha256(re.sub(r"\s+", "", text).encode()).hexdigest()
+
+
 _LAYOUT_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
                   tokenize.ENDMARKER}
 
@@ -89,6 +168,24 @@ def _is_python(text: str) -> bool:
     return True
 
 
+def excluded_hashes(paths: Iterable[str | os.PathLike]) -> set[str]:
+    """Normalized source hashes of every problem in the given files and folders (KernelBench-style .py files)."""
+    hashes = set()
+    for path in map(Path, paths):
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*.py") if p.is_file())
+        elif path.is_file():
+            files = [path]
+        else:
+            raise ExportError(f"--exclude {path}: no such file or folder")
+        for file in files:
+            try:
+                hashes.add(normalized_target_hash(file.read_text()))
+            except (OSError, UnicodeDecodeError) as e:
+                raise ExportError(f"--exclude {file}: cannot read it ({e})") from None
+    return hashes
+
+
 def _select_runs(store: Store, run_ids: Iterable[str]) -> list[dict]:
     """The asked-for runs of this database (all of them, oldest first, when none are named)."""
     runs = sorted(store.list_runs(), key=lambda r: (r["created_at"], r["id"]))
@@ -98,16 +195,51 @@ def _select_runs(store: Store, run_ids: Iterable[str]) -> list[dict]:
     return [r for r in runs if not wanted or r["id"] in wanted]
 
 
-def _provenance(db_path: Path, run: dict, attempt: dict) -> dict:
-    versions = run.get("versions") or {}
-    result = attempt.get("result") or {}
+def kloop_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("kloop")
+    except Exception:
+        return "unknown"
+
+
+def _result(attempt: dict) -> dict:
+    result = attempt.get("result")
+    return result if isinstance(result, dict) else {}
+
+
+def _provenance(db_path: Path, run: dict, attempt: dict, license: str | None) -> dict:
+    """Where a row came from. The GPU is the one the attempt executed on: a CPU-interpreter attempt claims none."""
+    versions = dict(run.get("versions") or {})
+    result = _result(attempt)
+    versions.update({k: v for k, v in (result.get("versions") or {}).items() if v})
+    executed_on = result.get("executed_on")
+    gpu = result.get("gpu") if executed_on == "cuda" else None
+    run_gpu = run.get("gpu") if isinstance(run.get("gpu"), dict) else {}
+    on_gpu = executed_on == "cuda"
+    nvml = result.get("nvml") or {}
+    timing = result.get("time_us") or {}
+    flags = list(result.get("flags") or [])
     return {
+        "kloop_version": kloop_version(),
         "db": str(db_path), "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
-        "gpu": run.get("gpu_name"),
+        "branch": attempt.get("branch") or 0, "created_at": attempt.get("created_at"),
+        "target_name": run.get("target_name"),
+        "target_sha256": run.get("target_sha256") or hashlib.sha256((run.get("target_source") or "").encode()).hexdigest(),
+        "executed_on": executed_on,
+        "gpu": ((gpu or {}).get("name") or (run_gpu or {}).get("name") or run.get("gpu_name")) if on_gpu else None,
+        "driver": ((gpu or {}).get("driver") or run.get("driver")) if on_gpu else None,
+        "cuda": ((gpu or {}).get("cuda") or versions.get("cuda") or run.get("cuda")) if on_gpu else None,
         "versions": {k: versions.get(k) for k in ("torch", "triton", "cupy", "python")},
-        "policy": run.get("policy"), "model": run.get("model"),
+        "timing": {"flags": flags, "throttled": bool(nvml.get("throttled")),
+                   "remeasured": any("measured again" in f or "re-measured" in f or "remeasured" in f for f in flags),
+                   "derived_compile_baseline": bool(((result.get("baselines") or {}).get("compile") or {})
+                                                    .get("derived_from_eager")),
+                   "timed": bool(timing) and on_gpu},
+        "policy": run.get("policy"), "model": run.get("model") or None,
         # how the candidate's processes were isolated when it was judged (sandbox/jail.py): weaker modes say so
         "isolation": result.get("isolation") or run.get("isolation"),
+        "license": license,
     }
 
 
@@ -131,43 +263,38 @@ class Turn:
     prompt: list[dict]        # every message before the submitting assistant turn
     completion: dict          # the assistant turn that submitted the attempt
     tools: list[dict]
+    context: list[dict] = field(default_factory=list)   # attempts submitted earlier in `prompt`, in order
 
 
-def _view(row: dict) -> AttemptView:
-    """The attempt as the prompts describe it, without its source: the submit call right before already holds it."""
-    return AttemptView(
-        id=row["id"], number=row["number"], branch=row.get("branch") or 0, language=row.get("language") or "",
-        source="", verdict=row.get("verdict") or "", reasons=row.get("reasons") or [],
-        time_us=_median_us(row), speedup_eager=row.get("speedup_eager"), speedup_compile=row.get("speedup_compile"),
-        sol_fraction=row.get("sol_fraction"), diagnosis=row.get("diagnosis") or "",
-        result=EvalResult.from_dict(row.get("result")))
-
-
-def offline_turns(run: dict, attempts: list[dict]) -> list[Turn]:
-    """A branch of an offline-policy run as one conversation built from its attempts, worded with the prompts the
-    model policies use: the target, then per attempt the reasoning plus a submit_candidate call, answered with the
-    evaluator's report on it."""
+def offline_turns(run: dict, attempts: list[dict], prompts: Prompts | None, text: bool = False) -> list[Turn]:
+    """A branch of an offline-policy run as the requests a model policy would have sent: per attempt, a fresh
+    conversation (system prompt; the target and this turn's evidence, i.e. the earlier attempts, the last few in full)
+    answered by a submit_candidate call carrying the attempt (with `text`: kloop's plain-text protocol, a fenced
+    block). Like a model run's, each prompt stays bounded however long the run was."""
     if not attempts:
         return []
+    if prompts is None:
+        raise ExportError("offline-policy runs are rebuilt with the model prompts: pass ExportOptions.prompts "
+                          "(agent.prompting.export_prompts())")
     language = (run.get("settings") or {}).get("language") or "auto"
-    gpu = next(((a.get("result") or {}).get("gpu") for a in attempts if (a.get("result") or {}).get("gpu")), None)
-    ctx = ProposeContext(run_id=run["id"], branch=attempts[0].get("branch") or 0, turn=1,
-                         target_name=run.get("target_name") or "", target_source=run.get("target_source") or "",
-                         language=language, gpu=gpu, history=[], best=None)
-    messages = [{"role": "system", "content": prompting.system_prompt(language, tools=True)},
-                {"role": "user", "content": prompting.target_prompt(ctx) + "\n" + prompting.turn_prompt(ctx)}]
-    tools = openai_tools([t for t in TOOLS if t["name"] == SUBMIT])
+    gpu = next((_result(a).get("gpu") for a in attempts if _result(a).get("executed_on") == "cuda"), None)
+    system = {"role": "system", "content": prompts.system(language, not text)}
+    tools = [] if text else [prompts.submit_tool]
     turns = []
-    for attempt in attempts:
-        call_id = f"call_{attempt['number']}"
+    for i, attempt in enumerate(attempts):
         reasoning = attempt.get("reasoning") or ""
-        assistant = {"role": "assistant", "content": reasoning,
-                     "tool_calls": [{"id": call_id, "type": "function", "function": {
-                         "name": SUBMIT, "arguments": {"language": attempt.get("language") or "triton",
-                                                       "source": attempt.get("source") or "", "rationale": reasoning}}}]}
-        turns.append(Turn(attempt, list(messages), assistant, tools))
-        messages += [assistant, {"role": "tool", "name": SUBMIT, "tool_call_id": call_id,
-                                 "content": prompting.attempt_report(_view(attempt))}]
+        lang = attempt.get("language") or "triton"
+        source = attempt.get("source") or ""
+        if text:
+            assistant = {"role": "assistant", "content": f"{reasoning}\n\n```python\n# language: {lang}\n"
+                                                         f"{source.rstrip()}\n```".lstrip()}
+        else:
+            assistant = {"role": "assistant", "content": reasoning,
+                         "tool_calls": [{"id": f"call_{attempt['number']}", "type": "function", "function": {
+                             "name": SUBMIT, "arguments": {"language": lang, "source": source,
+                                                           "rationale": reasoning}}}]}
+        user = {"role": "user", "content": prompts.turn(run, gpu, attempts[:i], i + 1)}
+        turns.append(Turn(attempt, [system, user], assistant, tools, list(attempts[:i])))
     return turns
 
 
@@ -322,16 +449,39 @@ def trl_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def openai_messages(messages: list[dict]) -> list[dict]:
-    """OpenAI fine-tuning: arguments are JSON strings, calls have ids, tool answers carry tool_call_id."""
+def openai_messages(messages: list[dict], weights: dict[int, int] | None = None) -> list[dict]:
+    """OpenAI fine-tuning: arguments are JSON strings, calls have ids, tool answers carry tool_call_id, an assistant
+    turn with tool calls and no text has no content key, and every assistant turn has a weight (0 unless given)."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         m = {k: v for k, v in m.items() if k not in ("name", "reasoning_content")}
         if "tool_calls" in m:
             m["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
                 "name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])}}
                 for c in m["tool_calls"]]
+            if not m.get("content"):
+                m.pop("content", None)
+        if m["role"] == "assistant":
+            m["weight"] = (weights or {}).get(i, 0)
         out.append(m)
+    return out
+
+
+def plain_messages(messages: list[dict]) -> list[dict]:
+    """Role and text only (verl's prompt): a submission becomes the fenced block of kloop's plain-text protocol,
+    a tool's answer a user message."""
+    out = []
+    for m in messages:
+        content = m.get("content") or ""
+        for call in m.get("tool_calls") or []:
+            args = call["function"]["arguments"]
+            if call["function"]["name"] == SUBMIT and isinstance(args, dict):
+                content += (f"\n\n```python\n# language: {args.get('language') or 'triton'}\n"
+                            f"{(args.get('source') or '').rstrip()}\n```")
+            else:
+                content += f"\n\n[{call['function']['name']}({json.dumps(args)})]"
+        role = "user" if m["role"] == "tool" else m["role"]
+        out.append({"role": role, "content": content.strip()})
     return out
 
 
@@ -348,14 +498,91 @@ def reward_components(attempt: dict) -> dict:
     }
 
 
+def scalar_reward(components: dict) -> float:
+    """REWARD_FORMULA, from reward_components() (or the same keys from a fresh evaluation)."""
+    if components.get("correct"):
+        speedup = components.get("speedup_eager")
+        if not speedup or speedup <= 0:
+            return 1.0
+        return 1.0 + 0.5 * min(max(math.log2(speedup), -1.0), 3.0)
+    return 0.1 if components.get("compiled") else 0.0
+
+
+# -- target facts (rl, verl, flashinfer) ------------------------------------------------------------------------------
+
+_FACTS: dict[str, dict] = {}
+
+
+def target_facts(source: str) -> dict:
+    """The checked shapes and the input/output tensors of a target, found by running its reference on the meta device
+    (as tools.target does); {"error": ...} when that fails. Shapes are a deterministic function of the source."""
+    key = hashlib.sha256(source.encode()).hexdigest()
+    if key in _FACTS:
+        return _FACTS[key]
+    facts: dict = {}
+    try:
+        import inspect
+        import warnings
+
+        import torch
+
+        from tools.target import Target, module_from_source, size_constants
+
+        module = module_from_source(source, {}, f"kloop_export_{key[:12]}")
+        target = Target(name="export", path=Path("<export>"), source=source, module=module, builtin=False)
+        facts["sizes"] = {k: list(v) if isinstance(v, (tuple, list)) else v for k, v in size_constants(source).items()}
+        facts["shapes"] = {"gpu": target.shapes(small=False), "cpu_interpreter": target.shapes(small=True)}
+        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), torch.no_grad(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            inputs = module.get_inputs()
+            init = module.get_init_inputs()
+            outputs = module.Model(*init)(*inputs)
+        names = [p for p in inspect.signature(module.Model.forward).parameters if p != "self"]
+        names = [n for n in names if not n.startswith("*")] or []
+        facts["inputs"] = [_tensor_fact(names[i] if i < len(names) else f"input_{i}", x) for i, x in enumerate(inputs)]
+        outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+        facts["outputs"] = [_tensor_fact("output" if len(outputs) == 1 else f"output_{i}", x)
+                            for i, x in enumerate(outputs)]
+        facts["init_inputs"] = json.loads(json.dumps(init)) if _jsonable(init) else None
+    except Exception as e:   # a target that cannot run on meta still exports, without these facts
+        facts = {"error": f"{type(e).__name__}: {e}"[:300]}
+    _FACTS[key] = facts
+    return facts
+
+
+def _tensor_fact(name: str, value: Any) -> dict:
+    shape = list(getattr(value, "shape", ()) or ())
+    dtype = str(getattr(value, "dtype", type(value).__name__)).replace("torch.", "")
+    return {"name": name, "shape": [int(s) for s in shape], "dtype": dtype, "tensor": hasattr(value, "shape"),
+            **({} if hasattr(value, "shape") else {"value": value if _jsonable(value) else repr(value)})}
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _tolerances(facts: dict) -> dict:
+    dtypes = {o["dtype"] for o in facts.get("outputs") or []}
+    table = {d: TOLERANCES.get(d, TOLERANCES["integer/bool"]) for d in sorted(dtypes)} or dict(TOLERANCES)
+    return {"rule": "|out - ref| <= atol + rtol * |ref|; NaN/inf at the same positions", "atol_rtol": table}
+
+
 # -- selection -------------------------------------------------------------------------------------------------------
 
-def _qualifies(attempt: dict, options: ExportOptions) -> bool:
-    if not options.all_verdicts and attempt.get("verdict") != "correct":
+def _qualifies(attempt: dict, options: ExportOptions, all_verdicts: bool | None = None) -> bool:
+    all_verdicts = options.all_verdicts if all_verdicts is None else all_verdicts
+    correct = attempt.get("verdict") == "correct"
+    if not all_verdicts and not correct:
         return False
     if options.language and attempt.get("language") != options.language:
         return False
-    if options.min_speedup is not None and (attempt.get("speedup_eager") or 0.0) < options.min_speedup:
+    if correct and options.min_speedup is not None and (attempt.get("speedup_eager") or 0.0) < options.min_speedup:
+        return False
+    if not correct and options.min_speedup is not None and not all_verdicts:
         return False
     return True
 
@@ -381,113 +608,451 @@ def _clean_branches(attempts: list[dict], options: ExportOptions) -> dict[int, l
             if options.include_rejected or not any(breaks_rules(a) for a in own)}
 
 
+def _kernel_key(run: dict, attempt: dict) -> str | None:
+    """The same kernel for the same target is one training example; a turn without a kernel has no key."""
+    source = attempt.get("source") or ""
+    if not source.strip():
+        return None
+    return (run.get("target_sha256") or hashlib.sha256((run.get("target_source") or "").encode()).hexdigest()) + \
+        ":" + normalized_kernel_hash(source, attempt.get("language"))
+
+
+class _Builder:
+    """Rows of every database in one format, deduplicated by trained kernel, with their provenance."""
+
+    def __init__(self, options: ExportOptions) -> None:
+        self.options = options
+        self.summary = ExportSummary()
+        self.rows: list[dict] = []         # {"record", "sidecar", "prompt_text", "trained_text", ...}
+        self.trained: set[str] = set()     # kernel keys already trained on (or, in rl/flashinfer, already written)
+        self.exclude = excluded_hashes(options.exclude) if options.exclude else set()
+        self.flashinfer: dict = {"definitions": {}, "workloads": {}, "solutions": [], "traces": []}
+
+    def run(self, db_path: Path, store: Store, run: dict) -> None:
+        if self.exclude and normalized_target_hash(run.get("target_source") or "") in self.exclude:
+            self.summary.excluded += 1
+            return
+        fmt = self.options.format
+        branches = _clean_branches(store.attempts(run["id"]), self.options)
+        if fmt in ("kernelbook", "flashinfer"):
+            self._kernels(db_path, run, branches)
+            return
+        messages = [m for m in store.messages(run["id"]) if m["role"] in ("request", "response")]
+        for branch, own in branches.items():
+            own_messages = [m for m in messages if (m.get("branch") or 0) == branch]
+            if any(m["role"] == "request" for m in own_messages):
+                turns = model_turns(own, own_messages)
+            else:
+                turns = offline_turns(run, own, self.options.prompts, text=fmt == "verl")
+            if fmt in ("rl", "verl"):
+                self._rl(db_path, run, turns)
+            else:
+                self._sft(db_path, run, turns)
+
+    # trl / openai
+    def _sft(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
+        options = self.options
+        chosen = [t for t in turns if _qualifies(t.attempt, options)]
+        if not chosen:
+            return
+        if options.train_on == "final":
+            if options.all_verdicts:
+                chosen = [chosen[-1]]
+            else:
+                best = _best([t.attempt for t in chosen])
+                chosen = [next(t for t in chosen if t.attempt is best)]
+        fresh = []
+        for turn in chosen:
+            key = _kernel_key(run, turn.attempt)
+            if key is not None and key in self.trained:
+                self.summary.duplicates += 1     # this kernel is trained elsewhere already: not twice
+                continue
+            if key is not None:
+                self.trained.add(key)
+            fresh.append(turn)
+        if options.format == "trl":
+            for turn in fresh:
+                self._trl_row(db_path, run, turn)
+        else:
+            self._openai_rows(db_path, run, fresh)
+
+    def _labels(self, turn: Turn) -> dict:
+        verdict = turn.attempt.get("verdict")
+        return {"label": verdict == "correct", "verdict": verdict,
+                "verdicts": [a.get("verdict") for a in turn.context] + [verdict]}
+
+    def _trl_row(self, db_path: Path, run: dict, turn: Turn) -> None:
+        prompt, completion = trl_messages(turn.prompt), trl_messages([turn.completion])
+        record = {"prompt": prompt, "completion": completion, "tools": json.dumps(turn.tools),
+                  **self._labels(turn), "provenance": _provenance(db_path, run, turn.attempt, self.options.license)}
+        self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion))
+
+    def _openai_rows(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
+        """One line per chain of trained turns: where a later turn's prompt continues an earlier line (a rebuilt
+        offline conversation), the line grows and both submissions carry weight 1; every other assistant turn 0."""
+        line: dict | None = None
+        for turn in turns:
+            if line and turn.prompt[:len(line["messages"])] == line["messages"]:
+                line["messages"] = turn.prompt + [turn.completion]
+            else:
+                if line:
+                    self._openai_line(db_path, run, line)
+                line = {"messages": turn.prompt + [turn.completion], "weights": {}, "turns": [], "tools": turn.tools}
+            line["weights"][len(line["messages"]) - 1] = 1
+            line["turns"].append(turn)
+        if line:
+            self._openai_line(db_path, run, line)
+
+    def _openai_line(self, db_path: Path, run: dict, line: dict) -> None:
+        messages = openai_messages(line["messages"], line["weights"])
+        record = {"messages": messages, "tools": line["tools"]}
+        last = line["turns"][-1]
+        sidecar = {**self._labels(last), "trained_attempts": [t.attempt["number"] for t in line["turns"]],
+                   "provenance": _provenance(db_path, run, last.attempt, self.options.license)}
+        trained = [m for m in messages if m.get("weight") == 1]
+        rest = [m for m in messages if m.get("weight") != 1]
+        self._add(record, _text_of(rest) + json.dumps(line["tools"]), _text_of(trained), sidecar=sidecar)
+
+    # rl / verl
+    def _rl(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
+        source = run.get("target_source") or ""
+        facts = target_facts(source)
+        for turn in turns:
+            attempt = turn.attempt
+            if not _qualifies(attempt, self.options, all_verdicts=True):
+                continue
+            key = _kernel_key(run, attempt)
+            if key is not None and key in self.trained:
+                self.summary.duplicates += 1
+                continue
+            if key is not None:
+                self.trained.add(key)
+            components = reward_components(attempt)
+            reward = scalar_reward(components)
+            group_id = hashlib.sha256(json.dumps(plain_messages(turn.prompt), sort_keys=True).encode()).hexdigest()[:16]
+            baselines = _baselines(run, attempt)
+            provenance = _provenance(db_path, run, attempt, self.options.license)
+            shapes = {"sizes": facts.get("sizes"), **(facts.get("shapes") or {}),
+                      "executed": "cpu_interpreter" if provenance["executed_on"] != "cuda" else "gpu",
+                      "rule": "derived from reference_source by tools.target (deterministic); inputs are seeded by "
+                              "the evaluator's secret, never stored"}
+            if self.options.format == "rl":
+                prompt, completion = trl_messages(turn.prompt), trl_messages([turn.completion])
+                record = {"prompt": prompt, "completion": completion, "tools": json.dumps(turn.tools),
+                          "group_id": group_id, "reward": reward, "label": components["correct"],
+                          "reward_components": components, "verdict": attempt.get("verdict"),
+                          "reasons": list(attempt.get("reasons") or []), "language": attempt.get("language"),
+                          "target_name": run.get("target_name"), "reference_source": source,
+                          "shapes": shapes, "tolerances": _tolerances(facts), "baselines_us": baselines,
+                          "provenance": provenance}
+            else:
+                prompt, completion = plain_messages(turn.prompt), plain_messages([turn.completion])
+                record = {"data_source": f"kloop/{run.get('target_name') or 'target'}", "prompt": prompt,
+                          "ability": "gpu-kernel-optimization",
+                          "reward_model": {"style": "rule", "ground_truth": source},
+                          "extra_info": {"index": len(self.rows), "group_id": group_id,
+                                         "target_name": run.get("target_name") or "",
+                                         "target_sha256": provenance["target_sha256"],
+                                         "language": attempt.get("language") or "",
+                                         "verdict": attempt.get("verdict") or "", "label": components["correct"],
+                                         "reward": reward, "response": completion[0]["content"],
+                                         "reward_components": json.dumps(components),
+                                         "shapes": json.dumps(shapes), "tolerances": json.dumps(_tolerances(facts)),
+                                         "baselines_us": json.dumps(baselines),
+                                         "provenance": json.dumps(provenance, default=str)}}
+            self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion))
+
+    # kernelbook / flashinfer
+    def _kernels(self, db_path: Path, run: dict, branches: dict[int, list[dict]]) -> None:
+        attempts = [a for own in branches.values() for a in own]
+        pool = [a for a in attempts if _qualifies(a, self.options) and (a.get("source") or "").strip()]
+        if not pool:
+            return
+        if self.options.format == "kernelbook":   # one row per run: its best verified kernel (else its last)
+            correct = [a for a in pool if a.get("verdict") == "correct"]
+            pool = [_best(correct)] if correct else [pool[-1]]
+        for attempt in pool:
+            key = _kernel_key(run, attempt)
+            if key in self.trained:
+                self.summary.duplicates += 1
+                continue
+            self.trained.add(key)
+            if self.options.format == "kernelbook":
+                record = _kernelbook_record(db_path, run, attempt, attempts, self.options.license)
+                self._add(record, record["python_code"], record["triton_code"] or record["ptx_code"] or "")
+            else:
+                self._flashinfer(db_path, run, attempt)
+
+    def _flashinfer(self, db_path: Path, run: dict, attempt: dict) -> None:
+        facts = target_facts(run.get("target_source") or "")
+        provenance = _provenance(db_path, run, attempt, self.options.license)
+        definition = flashinfer_definition(run, facts)
+        self.flashinfer["definitions"][definition["name"]] = definition
+        workload = flashinfer_workload(definition, facts, provenance)
+        self.flashinfer["workloads"].setdefault(definition["name"], {})[workload["uuid"]] = workload
+        solution = flashinfer_solution(definition, run, attempt, facts, provenance)
+        trace = flashinfer_trace(definition, workload, solution, attempt, provenance)
+        self.flashinfer["solutions"].append(solution)
+        self.flashinfer["traces"].append(trace)
+        self._add({"solution": solution, "trace": trace, "provenance": provenance}, definition["reference"],
+                  solution["sources"][0]["content"])
+
+    def _add(self, record: dict, prompt_text: str, trained_text: str, sidecar: dict | None = None) -> None:
+        self.rows.append({"record": record, "sidecar": sidecar, "prompt": len(prompt_text), "trained": len(trained_text)})
+
+
+def _baselines(run: dict, attempt: dict) -> dict:
+    """Median eager / torch.compile times (us) the attempt was compared with; None where untimed."""
+    baselines = _result(attempt).get("baselines") or run.get("baselines") or {}
+    return {name: _float((baselines.get(name) or {}).get("median")) for name in ("eager", "compile")}
+
+
+def _text_of(messages: list[dict]) -> str:
+    parts = []
+    for m in messages:
+        parts.append(m.get("content") or "")
+        parts.append(m.get("reasoning_content") or "")
+        for call in m.get("tool_calls") or []:
+            args = call["function"]["arguments"]
+            parts.append(call["function"]["name"] + (args if isinstance(args, str) else json.dumps(args)))
+    return "".join(parts)
+
+
+def _starter(attempt: dict, attempts: list[dict]) -> str | None:
+    """The generated starter a kernel was derived from: for the offline policy, the run's first attempt rendered
+    from the same template (catalog starter or --seed-kernel); None where no starter was used (model policies)."""
+    template = _template_of(attempt.get("source") or "")
+    if template is None:
+        return None
+    for other in sorted(attempts, key=lambda a: a["number"]):
+        if _template_of(other.get("source") or "") == template:
+            return other.get("source")
+    return None
+
+
+def _template_of(source: str) -> str | None:
+    first = source.split("\n", 1)[0]
+    if not first.startswith(OFFLINE_MARK):
+        return None
+    try:
+        return json.loads(first[len(OFFLINE_MARK):]).get("template")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _kernelbook_record(db_path: Path, run: dict, attempt: dict, attempts: list[dict], license: str | None) -> dict:
+    source = attempt.get("source") or ""
+    ptx = attempt.get("language") == "ptx"
+    provenance = _provenance(db_path, run, attempt, license)
+    return {
+        "uuid": int(hashlib.sha256(f"{run['id']}:{attempt['id']}:{source}".encode()).hexdigest()[:15], 16),
+        "entry_point": run.get("target_name") or "Model",   # the op's name; the module class is always Model
+        "python_code": run.get("target_source") or "",
+        "triton_code": None if ptx else source,
+        "ptx_code": source if ptx else None,            # the PTX-launching module, never in triton_code
+        "original_triton_code": _starter(attempt, attempts),   # the generated starter it came from, if any
+        "repo_name": "kloop",
+        "module_name": run.get("target_name") or "",
+        "synthetic": True,
+        "licenses": [license] if license else [],
+        "stars": 0,
+        "sha": provenance["target_sha256"],
+        "repo_link": f"kloop://{run['id']}/{attempt['number']}",
+        "language": attempt.get("language"),
+        "verdict": attempt.get("verdict"),
+        "label": attempt.get("verdict") == "correct",
+        "time_us": _median_us(attempt),
+        "speedup_eager": _float(attempt.get("speedup_eager")),
+        "speedup_compile": _float(attempt.get("speedup_compile")),
+        "sol_fraction": _float(attempt.get("sol_fraction")),
+        "provenance": provenance,
+    }
+
+
+# -- FlashInfer Trace ------------------------------------------------------------------------------------------------
+# Field names follow flashinfer_bench.data (Definition, Workload, Solution, Trace/Evaluation).
+FLASHINFER_STATUS = {"correct": "PASSED", "incorrect": "INCORRECT_NUMERICAL", "compile_error": "COMPILE_ERROR",
+                     "runtime_error": "RUNTIME_ERROR", "timeout": "TIMEOUT", "rejected": "COMPILE_ERROR"}
+_FI_DTYPES = {"float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "bool"}
+
+
+def flashinfer_definition(run: dict, facts: dict) -> dict:
+    source = run.get("target_source") or ""
+    name = f"{_slug(run.get('target_name') or 'target')}_{normalized_target_hash(source)[:8]}"
+    sizes = {k: v for k, v in (facts.get("sizes") or {}).items() if isinstance(v, int)}
+    axes: dict[str, dict] = {}
+
+    def spec(tensor: dict) -> dict:
+        dims = []
+        for j, size in enumerate(tensor["shape"]):
+            named = next((k for k, v in sizes.items() if v == size), None)
+            if named:
+                axes.setdefault(named, {"type": "var"})
+                dims.append(named)
+            else:
+                axis = f"{tensor['name']}_d{j}"
+                axes[axis] = {"type": "const", "value": size}
+                dims.append(axis)
+        dtype = tensor["dtype"] if tensor["dtype"] in _FI_DTYPES else "float32"
+        return {"shape": dims, "dtype": dtype}
+
+    inputs = {t["name"]: spec(t) for t in facts.get("inputs") or [] if t.get("tensor")}
+    outputs = {t["name"]: spec(t) for t in facts.get("outputs") or [] if t.get("tensor")}
+    args = ", ".join(inputs) or "*inputs"
+    reference = (source.rstrip() + "\n\n\n_kloop_model = None\n\n\ndef run(" + args + "):\n"
+                 "    \"\"\"FlashInfer entry point: the KernelBench Model, built once (seed 0) with get_init_inputs().\"\"\"\n"
+                 "    global _kloop_model\n    if _kloop_model is None:\n        torch.manual_seed(0)\n"
+                 "        _kloop_model = Model(*get_init_inputs())\n"
+                 f"    return _kloop_model({args})\n")
+    return {"name": name, "op_type": "kloop", "axes": axes, "inputs": inputs, "outputs": outputs,
+            "reference": reference, "tags": ["kloop", f"kloop:target:{run.get('target_name')}"],
+            "description": f"kloop target {run.get('target_name')} (KernelBench-style module, entry run())",
+            **({"constraints": []} if facts.get("error") is None else {"description":
+                f"kloop target {run.get('target_name')}; shapes unknown: {facts['error']}"})}
+
+
+def flashinfer_workload(definition: dict, facts: dict, provenance: dict) -> dict:
+    """The shape the attempt was judged at: the main GPU shape, or the CPU-interpreter one."""
+    shapes = facts.get("shapes") or {}
+    main = ((shapes.get("gpu") if provenance["executed_on"] == "cuda" else shapes.get("cpu_interpreter")) or [{}])[0]
+    sizes = {k: v for k, v in (facts.get("sizes") or {}).items() if isinstance(v, int)}
+    axes = {k: int(main.get(k, sizes[k])) for k, a in definition["axes"].items() if a["type"] == "var" and k in sizes}
+    inputs = {name: {"type": "random"} for name in definition["inputs"]}
+    for t in facts.get("inputs") or []:
+        if not t.get("tensor"):
+            inputs[t["name"]] = {"type": "scalar", "value": t.get("value")}
+    uid = str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"kloop:{definition['name']}:{json.dumps(axes, sort_keys=True)}"))
+    return {"axes": axes, "inputs": inputs, "uuid": uid}
+
+
+def flashinfer_solution(definition: dict, run: dict, attempt: dict, facts: dict, provenance: dict) -> dict:
+    args = ", ".join(definition["inputs"]) or "*inputs"
+    init = facts.get("init_inputs")
+    wrapper = ("import torch\n\nfrom kernel import ModelNew\n\n_model = None\n\n\ndef run(" + args + "):\n"
+               "    global _model\n    if _model is None:\n        torch.manual_seed(0)\n"
+               f"        _model = ModelNew(*{json.dumps(init if init is not None else [])})\n"
+               f"    return _model({args})\n")
+    hardware = provenance["gpu"] or "cpu-interpreter"
+    return {"name": f"kloop_{run['id']}_{attempt['number']}", "definition": definition["name"],
+            "author": f"kloop-{run.get('policy') or 'unknown'}" + (f"-{_slug(run['model'])}" if run.get("model") else ""),
+            "spec": {"language": "triton" if attempt.get("language") != "ptx" else "python",
+                     "target_hardware": [hardware], "entry_point": "main.py::run",
+                     "dependencies": ["torch", "triton"] + (["cupy", "kloop (tools.launch)"]
+                                                            if attempt.get("language") == "ptx" else [])},
+            "sources": [{"path": "kernel.py", "content": attempt.get("source") or ""},
+                        {"path": "main.py", "content": wrapper}],
+            "description": (attempt.get("reasoning") or "")[:500]}
+
+
+def flashinfer_trace(definition: dict, workload: dict, solution: dict, attempt: dict, provenance: dict) -> dict:
+    result = _result(attempt)
+    verdict = attempt.get("verdict")
+    status = FLASHINFER_STATUS.get(verdict, "RUNTIME_ERROR")
+    evaluation = {"status": status,
+                  "environment": {"hardware": provenance["gpu"] or "cpu-interpreter",
+                                  "libs": {k: str(v) for k, v in {**provenance["versions"], "cuda": provenance["cuda"],
+                                                                  "driver": provenance["driver"]}.items() if v}},
+                  "timestamp": attempt.get("created_at") or datetime.now(timezone.utc).isoformat(),
+                  "log": "\n".join(attempt.get("reasons") or [])[:4000]}
+    correctness = result.get("correctness") or {}
+    if status in ("PASSED", "INCORRECT_NUMERICAL"):
+        evaluation["correctness"] = {"max_relative_error": float(correctness.get("max_rel_err") or 0.0),
+                                     "max_absolute_error": float(correctness.get("max_abs_err") or 0.0),
+                                     "extra": {"kloop_trials": correctness.get("trials"),
+                                               "kloop_shapes": correctness.get("shapes")}}
+    if status == "PASSED":
+        median, eager = _median_us(attempt), _baselines({}, attempt).get("eager")
+        timed = median is not None and provenance["executed_on"] == "cuda"
+        evaluation["performance"] = {"latency_ms": median / 1000 if timed else 0.0,
+                                     "reference_latency_ms": eager / 1000 if timed and eager else 0.0,
+                                     "speedup_factor": float(attempt.get("speedup_eager") or 0.0) if timed else 0.0}
+    return {"definition": definition["name"], "workload": workload, "solution": solution["name"],
+            "evaluation": evaluation}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_").lower() or "x"
+
+
+# -- building --------------------------------------------------------------------------------------------------------
+
 def build_records(db_paths: list[str | os.PathLike], options: ExportOptions) -> tuple[list[dict], ExportSummary]:
-    """All export lines for the given databases (deduplicated by kernel), and what was done."""
+    """All export rows for the given databases (deduplicated by trained kernel), and what was done."""
+    builder = _build(db_paths, options)
+    return [row["record"] for row in builder.rows], builder.summary
+
+
+def _build(db_paths: list[str | os.PathLike], options: ExportOptions) -> _Builder:
     _check_options(options)
-    summary = ExportSummary()
-    records, seen, found = [], set(), set()
+    builder = _Builder(options)
+    found = set()
     for db_path in db_paths:
         store = open_run_db(db_path)
         try:
             runs = _select_runs(store, options.run_ids)
             found |= {r["id"] for r in runs}
-            summary.runs += len(runs)
+            builder.summary.runs += len(runs)
             for run in runs:
-                for attempt, record in _run_records(Path(db_path), store, run, options):
-                    source = attempt.get("source") or ""
-                    key = normalized_kernel_hash(source, attempt.get("language")) if source.strip() else None
-                    if key in seen:   # turns without a kernel (format errors) are never duplicates
-                        summary.duplicates += 1
-                        continue
-                    if key:
-                        seen.add(key)
-                    records.append(record)
+                builder.run(Path(db_path), store, run)
         finally:
             store.close()
     missing = set(options.run_ids) - found
     if missing:
         raise ExportError(f"no run {', '.join(sorted(missing))} in {', '.join(map(str, db_paths))}")
-    summary.written = len(records)
-    return records, summary
+    builder.summary.written = len(builder.rows)
+    builder.summary.lengths, builder.summary.max_length = length_stats(builder.rows)
+    if options.format == "openai" and 0 < len(builder.rows) < OPENAI_MIN_EXAMPLES:
+        builder.summary.warnings.append(f"{len(builder.rows)} example(s): OpenAI fine-tuning needs at least "
+                                        f"{OPENAI_MIN_EXAMPLES}")
+    return builder
 
 
 def _check_options(options: ExportOptions) -> None:
     if options.format not in FORMATS:
         raise ExportError(f"unknown format {options.format!r} (one of {', '.join(FORMATS)})")
-    if options.turns not in TURNS:
-        raise ExportError(f"unknown --turns {options.turns!r} (all or last)")
+    if options.train_on not in TRAIN_ON:
+        raise ExportError(f"unknown --train-on {options.train_on!r} (final or all-correct)")
     if options.language and options.language not in LANGUAGES:
         raise ExportError(f"unknown language {options.language!r} (triton or ptx)")
 
 
-def _run_records(db_path: Path, store: Store, run: dict, options: ExportOptions):
-    """(attempt, line) pairs of one run in the requested format."""
-    branches = _clean_branches(store.attempts(run["id"]), options)
-    if options.format == "kernelbook":
-        pool = [a for own in branches.values() for a in own if _qualifies(a, options)]
-        if pool:
-            best = _best(pool)
-            yield best, _kernelbook_record(db_path, run, best)
-        return
-    # Offline policies log only their reasoning; a branch is a model conversation when it has requests.
-    messages = [m for m in store.messages(run["id"]) if m["role"] in ("request", "response")]
-    for branch, own in branches.items():
-        own_messages = [m for m in messages if (m.get("branch") or 0) == branch]
-        has_requests = any(m["role"] == "request" for m in own_messages)
-        turns = model_turns(own, own_messages) if has_requests else offline_turns(run, own)
-        chosen = [t for t in turns if _qualifies(t.attempt, options)]
-        if not chosen:
+def length_stats(rows: list[dict]) -> tuple[dict, int | None]:
+    """Characters and estimated tokens of the prompt (context) and the trained part of every row."""
+    stats = {}
+    for part in ("prompt", "trained"):
+        chars = sorted(row[part] for row in rows)
+        if not chars:
+            stats[part] = {"n": 0}
             continue
-        if options.format in ("trl", "openai") and options.turns == "all":
-            # The whole trajectory up to its best kernel (with --all-verdicts: up to its last submission).
-            best = _best([t.attempt for t in chosen])
-            chosen = [chosen[-1] if options.all_verdicts else next(t for t in chosen if t.attempt is best)]
-        for turn in chosen:
-            yield turn.attempt, _turn_record(db_path, run, turn, options.format)
+        tokens = [math.ceil(c / CHARS_PER_TOKEN) for c in chars]
+        stats[part] = {"n": len(chars), "chars": _spread(chars), "tokens": _spread(tokens)}
+    if not rows:
+        return stats, None
+    longest = max(math.ceil((row["prompt"] + row["trained"]) / CHARS_PER_TOKEN) for row in rows)
+    return stats, int(math.ceil(longest / 1024) * 1024)
 
 
-def _turn_record(db_path: Path, run: dict, turn: Turn, fmt: str) -> dict:
-    provenance = _provenance(db_path, run, turn.attempt)
-    if fmt == "rl":
-        return {"prompt": trl_messages(turn.prompt), "completion": trl_messages([turn.completion]),
-                "tools": turn.tools, **reward_components(turn.attempt), "provenance": provenance}
-    shape = trl_messages if fmt == "trl" else openai_messages
-    return {"messages": shape(turn.prompt + [turn.completion]), "tools": turn.tools, "provenance": provenance}
-
-
-def _kernelbook_record(db_path: Path, run: dict, attempt: dict) -> dict:
-    source = attempt.get("source") or ""
-    return {
-        "entry_point": "Model",                 # KernelBench targets name their module Model
-        "original_triton_code": source,         # as the agent wrote it (KernelBook: before clean-up)
-        "python_code": run.get("target_source") or "",
-        "triton_code": source,                  # for ptx kernels: the PTX-launching module
-        "repo_name": "kloop",
-        "module_name": run.get("target_name") or "",
-        "synthetic": True,
-        "language": attempt.get("language"),
-        "verdict": attempt.get("verdict"),
-        "time_us": _median_us(attempt),
-        "speedup_eager": _float(attempt.get("speedup_eager")),
-        "speedup_compile": _float(attempt.get("speedup_compile")),
-        "sol_fraction": _float(attempt.get("sol_fraction")),
-        "provenance": _provenance(db_path, run, attempt),
-    }
+def _spread(values: list[int]) -> dict:
+    return {"min": values[0], "median": int(statistics.median(values)),
+            "p90": values[min(len(values) - 1, math.ceil(0.9 * len(values)) - 1)], "max": values[-1]}
 
 
 # -- writing ---------------------------------------------------------------------------------------------------------
 
 def write_jsonl_atomic(records: list[dict], out: str | os.PathLike) -> None:
     """Write all lines or nothing: a temp file beside the target, renamed over it when complete."""
+    _write_atomic(out, lambda f: [f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n") for r in records])
+
+
+def _write_atomic(out: str | os.PathLike, write: Callable, binary: bool = False) -> None:
     out = Path(out)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     except OSError as e:
         raise ExportError(f"cannot write {out}: {e.strerror}") from None
     try:
-        with os.fdopen(fd, "w") as f:
-            for record in records:
-                f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
         os.replace(tmp, out)
     except OSError as e:
         os.unlink(tmp)
@@ -497,16 +1062,137 @@ def write_jsonl_atomic(records: list[dict], out: str | os.PathLike) -> None:
         raise
 
 
+def write_parquet(records: list[dict], out: str | os.PathLike) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ExportError("--format verl writes parquet: pip install pyarrow (or kloop[data])") from None
+    table = pa.Table.from_pylist(records)
+    _write_atomic(out, lambda f: pq.write_table(table, f), binary=True)
+
+
+def write_flashinfer(data: dict, out: Path) -> list[Path]:
+    """definitions/<op_type>/<def>.json, workloads/<op_type>/<def>.jsonl, solutions/<author>/<op_type>/<def>/<sol>.json,
+    traces/<author>/<op_type>/<def>.jsonl (FlashInfer Trace layout)."""
+    written = []
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot write {out}: {e.strerror}") from None
+
+    def put(path: Path, text: str) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ExportError(f"cannot write {path}: {e.strerror}") from None
+        _write_atomic(path, lambda f: f.write(text))
+        written.append(path)
+
+    for name, definition in data["definitions"].items():
+        put(out / "definitions" / definition["op_type"] / f"{name}.json", json.dumps(definition, indent=2) + "\n")
+        workloads = data["workloads"].get(name, {}).values()
+        put(out / "workloads" / definition["op_type"] / f"{name}.jsonl", "".join(
+            json.dumps({"definition": name, "workload": w, "solution": None, "evaluation": None}) + "\n"
+            for w in workloads))
+    traces: dict[Path, list[dict]] = {}
+    for solution, trace in zip(data["solutions"], data["traces"]):
+        op_type = data["definitions"][solution["definition"]]["op_type"]
+        put(out / "solutions" / solution["author"] / op_type / solution["definition"] / f"{solution['name']}.json",
+            json.dumps(solution, indent=2) + "\n")
+        traces.setdefault(out / "traces" / solution["author"] / op_type / f"{solution['definition']}.jsonl",
+                          []).append(trace)
+    for path, rows in traces.items():
+        put(path, "".join(json.dumps(t) + "\n" for t in rows))
+    return written
+
+
+def card_path(out: Path) -> Path:
+    """README.md beside the export (inside it, for a folder); a README.md kloop did not write is never replaced."""
+    folder = out if out.is_dir() else out.parent
+    card = folder / "README.md"
+    if card.exists() and "kloop_export:" not in card.read_text(errors="replace")[:2000]:
+        return folder / f"{out.name}.README.md"
+    return card
+
+
+def dataset_card(options: ExportOptions, summary: ExportSummary, rows: list[dict], out: Path) -> str:
+    provenance = [r["record"].get("provenance") or (r["sidecar"] or {}).get("provenance") or
+                  json.loads(r["record"].get("extra_info", {}).get("provenance", "{}")) for r in rows]
+    gpus = sorted({p.get("gpu") or "none (CPU interpreter)" for p in provenance if p})
+    targets = sorted({p.get("target_name") or "?" for p in provenance if p})
+    policies = sorted({f"{p.get('policy')}{'/' + p['model'] if p.get('model') else ''}" for p in provenance if p})
+    isolation = sorted({str(p.get("isolation")) for p in provenance if p})
+    n = summary.written
+    size = "n<1K" if n < 1000 else "1K<n<10K" if n < 10000 else "10K<n<100K"
+    yaml = ["---", f"license: {options.license or 'other'}", "language:", "- en", "tags:", "- kloop", "- gpu-kernels",
+            "- triton", "- ptx", "- code", "task_categories:", "- text-generation", f"size_categories:", f"- {size}",
+            f"pretty_name: kloop {options.format} export", "kloop_export:", f"  format: {options.format}",
+            f"  kloop_version: {kloop_version()}", f"  rows: {n}", f"  file: {out.name}", "---", ""]
+    lengths = "\n".join(f"- {line}" for line in summary.lines() if not line.startswith("warning"))
+    body = f"""# kloop {options.format} export
+
+Kernels written by kloop's agent loop and judged by its evaluator (a jailed planner, trusted executor and referee;
+see kloop's docs/design.md). {'Every trained turn is a verified-correct kernel.' if options.format in ('trl', 'openai')
+and not options.all_verdicts else 'Rows carry each submission verdict (`label` is true only for verified-correct).'}
+
+- format: `{options.format}` (file `{out.name}`), {n} row(s) from {summary.runs} run(s)
+- train on: {options.train_on}; all verdicts: {options.all_verdicts}; language: {options.language or 'any'};
+  min speedup: {options.min_speedup}; rule-breaking trajectories: {'kept' if options.include_rejected else 'left out'}
+- duplicates left out: {summary.duplicates}; rows excluded as evaluation problems: {summary.excluded}
+  ({', '.join(options.exclude) or 'no --exclude given'})
+- targets: {', '.join(targets)}
+- executed on: {', '.join(gpus)}
+- policies: {', '.join(policies)}
+- isolation: {', '.join(isolation)}
+- license: {options.license or 'not set (use --license)'}
+
+## Lengths
+{lengths or '- none'}
+
+## Reward (rl, verl)
+{REWARD_FORMULA}.
+
+## Provenance
+Every row (openai: the line-aligned `{out.name}.provenance.jsonl`) names the kloop version, run and attempt ids,
+target sha256, where it executed (`executed_on`; no GPU is named for CPU-interpreter attempts), GPU, driver, CUDA,
+torch and triton versions, timing flags, policy and model, isolation mode and license.
+"""
+    return "\n".join(yaml) + body
+
+
 def export(db_paths: list[str | os.PathLike], out: str | os.PathLike, options: ExportOptions) -> ExportSummary:
-    """Build the lines of every database and write them to `out` (JSONL, atomically)."""
+    """Build the rows of every database and write them to `out` (JSONL; verl: parquet; flashinfer: a folder), with a
+    dataset card beside them (openai: and a provenance sidecar), each file atomically."""
     if not db_paths:
         raise ExportError("give at least one --db")
     out = Path(out)
-    if out.is_dir():
+    if options.format != "flashinfer" and out.is_dir():
         raise ExportError(f"{out} is a directory: give a file path")
-    records, summary = build_records(db_paths, options)
-    if not records:
-        raise ExportError(f"nothing to export: no {'' if options.all_verdicts else 'verified-correct '}submission "
-                          f"in {summary.runs} run(s) passes the filters")
-    write_jsonl_atomic(records, out)
+    if options.format == "flashinfer" and out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file: --format flashinfer writes a folder")
+    builder = _build(db_paths, options)
+    summary, rows = builder.summary, builder.rows
+    if not rows:
+        raise ExportError(f"nothing to export: no {'' if options.all_verdicts or options.format in ('rl', 'verl') else 'verified-correct '}"
+                          f"submission in {summary.runs} run(s) passes the filters"
+                          + (f" ({summary.excluded} run(s) excluded as evaluation problems)" if summary.excluded else ""))
+    records = [row["record"] for row in rows]
+    if options.format == "verl":
+        write_parquet(records, out)
+        summary.files.append(str(out))
+    elif options.format == "flashinfer":
+        summary.files += [str(p) for p in write_flashinfer(builder.flashinfer, out)]
+    else:
+        if not out.parent.is_dir():
+            raise ExportError(f"cannot write {out}: no such directory {out.parent}")
+        write_jsonl_atomic(records, out)
+        summary.files.append(str(out))
+        if options.format == "openai":
+            sidecar = out.with_name(out.name + ".provenance.jsonl")
+            write_jsonl_atomic([{"line": i, **row["sidecar"]} for i, row in enumerate(rows)], sidecar)
+            summary.files.append(str(sidecar))
+    card = card_path(out)
+    _write_atomic(card, lambda f: f.write(dataset_card(options, summary, rows, out)))
+    summary.files.append(str(card))
     return summary
