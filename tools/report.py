@@ -115,7 +115,9 @@ def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_na
         else:
             ax.axhline(1.0, color="gray", linestyle="--", linewidth=0.8, label="1x (as fast)")
             ax.yaxis.set_major_formatter(_plain_formatter())
-            ax.set_ylim(bottom=0)
+            if failed:  # a free band along the bottom for the crosses, below every speedup drawn
+                lo, hi = ax.get_ylim()
+                ax.set_ylim(lo - 0.15 * (hi - lo), hi)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
