@@ -186,6 +186,7 @@ class Executor:
         """Between candidates: free the inputs, and the allocator's cache, so the next target has the memory."""
         self.held.clear()
         if self.cuda:
+            torch.cuda.ipc_collect()  # shared blocks the referee has let go of
             torch.cuda.empty_cache()
         return {"status": "ok"}
 

@@ -36,6 +36,7 @@ class Referee:
         self.models: dict[str, torch.nn.Module] = {}
         self.compiled: dict[str, object] = {}
         self.held: dict[str, tuple[int, list, list]] = {}   # shape -> (seed, inputs, expected outputs)
+        self._opened: set[int] = set()  # ids of the IPC descriptors of the check in progress that were mapped
         self.cuda = DEVICE.type == "cuda"
         if self.cuda:
             self.flush = torch.empty(2 * torch.cuda.get_device_properties(DEVICE).L2_cache_size, dtype=torch.uint8,
@@ -90,6 +91,27 @@ class Referee:
 
     def check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None = None) -> dict:
         """Compare the candidate's outputs with the reference, and its inputs with ours, bit for bit."""
+        try:
+            return self._check(shape, seed, outputs, inputs, directory)
+        finally:
+            if self.cuda:
+                self._release_unopened(outputs + inputs)
+
+    def _release_unopened(self, descs: list) -> None:
+        """Map and drop every CUDA IPC view handed over and not yet opened. The executor's shared blocks are
+        reference-counted across processes: one never opened stays counted, so its memory would never be freed."""
+        from sandbox.ipc import open_view
+
+        for desc in descs:
+            if isinstance(desc, dict) and "handle" in desc and id(desc) not in self._opened:
+                try:
+                    open_view(desc)  # made and dropped at once: the drop gives the count back
+                except Exception:  # a descriptor we cannot map was never counted for us either
+                    pass
+        self._opened.clear()
+        torch.cuda.ipc_collect()
+
+    def _check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None) -> dict:
         expected = self._expected(shape, seed)
         ours = self.held[shape][1]
         if len(outputs) != len(expected):
@@ -117,25 +139,24 @@ class Referee:
         for i, (desc, x) in enumerate(zip(inputs, ours)):
             if desc is None or not isinstance(x, torch.Tensor):
                 continue
-            desc = dict(desc, dtype=str(x.dtype).removeprefix("torch."), shape=list(x.shape))
+            layout = dict(desc, dtype=str(x.dtype).removeprefix("torch."), shape=list(x.shape))
             try:
-                seen = self._open(desc, directory, like=x)
+                seen = self._open(layout, directory, original=desc)
             except (PlanError, ValueError, TypeError) as e:
                 return {"status": "ok", "reasons": [f"input {i}: {e}"], "stats": stats}
             if not verify.same_bits(seen, x):
                 reasons.append(f"input {i} was modified by forward (inputs must be left unchanged)")
             del seen
-        if self.cuda:
-            torch.cuda.ipc_collect()
         return {"status": "ok", "reasons": reasons, "stats": stats}
 
-    def _open(self, desc: dict, directory: str | None, like: torch.Tensor | None = None) -> torch.Tensor:
+    def _open(self, desc: dict, directory: str | None, original: dict | None = None) -> torch.Tensor:
         dtype = desc.get("dtype")
         if dtype not in ITEMSIZE:
             raise ValueError(f"dtype {dtype!r} is not one kloop compares")
         if "handle" in desc:
             from sandbox.ipc import open_view
 
+            self._opened.add(id(original or desc))
             return open_view(desc)
         shape = [int(s) for s in desc["shape"]]
         count = 1

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch._dynamo  # noqa: F401  (entering a TorchDispatchMode imports it: 4 s a planner would pay per candidate)
 import triton  # noqa: F401  (imported while warm, so a candidate's first import costs nothing)
 
 from tools.inputs import DEVICE

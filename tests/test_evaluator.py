@@ -319,6 +319,21 @@ def test_illegal_address_is_contained_and_the_executor_restarts(tiny, session):
 
 
 @pytest.mark.gpu
+def test_outputs_of_the_wrong_shape_leave_no_memory_behind(session):
+    # A shared block the referee never maps stays counted by CUDA IPC and is never freed: with 256 MiB outputs of
+    # the wrong shape, four evaluations would hold a GiB more than one.
+    import torch
+
+    target, source = load_target("row_sum"), (CANDIDATES / "copy_input.py").read_text()
+    free = []
+    for _ in range(4):
+        r = judge_source(target, source, session)
+        assert r.verdict == "incorrect" and "shape" in r.reasons[0], r.reasons
+        free.append(torch.cuda.mem_get_info()[0])
+    assert free[0] - free[-1] < 128 * 2**20, [f / 2**30 for f in free]
+
+
+@pytest.mark.gpu
 def test_the_same_kernel_against_itself_is_a_tie(session):
     target = load_target("vector_add")
     source = (CANDIDATES / "honest_add.py").read_text()
