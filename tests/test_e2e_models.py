@@ -216,7 +216,11 @@ def test_export_of_both_model_runs(e2e, tmp_path, fmt):
     extra = ["--all-verdicts"] if fmt == "rl" else []
     cli("export", "--db", e2e["db"], "--run", e2e["a"], "--run", e2e["b"], "--format", fmt, "--out", out, *extra)
     rows = list(datasets.load_dataset("json", data_files=str(out), split="train"))
-    assert {r["provenance"]["run_id"] for r in rows} == {e2e["a"], e2e["b"]}
+    # openai lines hold only what fine-tuning takes; their provenance is a line-aligned sidecar
+    sidecar = out.with_name(out.name + ".provenance.jsonl")
+    provenance = [json.loads(line)["provenance"] for line in sidecar.read_text().splitlines()] \
+        if fmt == "openai" else [r["provenance"] for r in rows]
+    assert len(provenance) == len(rows) and {p["run_id"] for p in provenance} == {e2e["a"], e2e["b"]}
     if fmt == "kernelbook":
         assert sorted(r["triton_code"] for r in rows) == sorted([CORRECT, CORRECT_B])
         assert all(r["verdict"] == "correct" for r in rows)
@@ -226,18 +230,26 @@ def test_export_of_both_model_runs(e2e, tmp_path, fmt):
         assert by_run == {e2e["a"]: ["incorrect", "correct", "format_error", "correct"],
                           e2e["b"]: ["incorrect", "correct", "format_error"]}
         no_code = [r for r in rows if r["verdict"] == "format_error"]
-        assert all(not r["correct"] and not r["compiled"] for r in no_code)
+        assert all(not r["reward_components"]["correct"] and not r["reward_components"]["compiled"] for r in no_code)
+        assert all(r["reward"] == 0.0 and r["label"] is False for r in no_code)
         assert all(r["completion"][0]["content"] == NO_CODE for r in no_code)
         return
-    # trl/openai: each run's trajectory up to its verified kernel, the inspection round included.
+    # trl/openai: each run's trajectory up to its verified kernel, the inspection round included; only that
+    # verified submission is trained (trl: the completion; openai: the one assistant turn with weight 1).
     assert len(rows) == 2
     for row in rows:
-        roles = [m["role"] for m in row["messages"]]
+        if fmt == "trl":
+            messages, trained = row["prompt"] + row["completion"], row["completion"]
+        else:
+            messages = row["messages"]
+            trained = [m for m in messages if m["role"] == "assistant" and m.get("weight") == 1]
+        roles = [m["role"] for m in messages]
         assert roles[:2] == ["system", "user"] and roles[-3:] == ["assistant", "tool", "assistant"]
-        last_call = row["messages"][-1]["tool_calls"][0]["function"]
+        assert trained == [messages[-1]]
+        last_call = messages[-1]["tool_calls"][0]["function"]
         arguments = json.loads(last_call["arguments"]) if fmt == "openai" else last_call["arguments"]
         assert last_call["name"] == "submit_candidate" and arguments["source"] in (CORRECT, CORRECT_B)
-        assert {row["messages"][-3]["tool_calls"][0]["function"]["name"]} <= {"get_ptx", "diff"}
+        assert {messages[-3]["tool_calls"][0]["function"]["name"]} <= {"get_ptx", "diff"}
 
 
 def test_the_api_key_never_reaches_a_candidate(e2e):
