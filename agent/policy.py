@@ -6,8 +6,9 @@ the policy only turns context into a proposal and reports the model traffic it c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from tools.messages import Message  # noqa: F401  (re-exported: policies build Messages)
 from tools.result import EvalResult
 
 
@@ -42,21 +43,6 @@ class ProposeContext:
     best: AttemptView | None       # the run's best verified attempt (shared across branches)
     budget_left: dict = field(default_factory=dict)  # attempts / seconds / cost left
     tool_results: list[dict] = field(default_factory=list)  # answers to the proposal's inspection tool calls
-
-
-@dataclass
-class Message:
-    """One logged exchange with a model or tool (stored in the messages table)."""
-    role: str                      # request, response, tool_call, tool_result, error
-    content: Any                   # full JSON-able body
-    provider: str = ""
-    model: str = ""
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    latency_s: float = 0.0
-    cost_usd: float = 0.0
 
 
 @dataclass
