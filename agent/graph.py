@@ -25,6 +25,7 @@ from langgraph.types import Command, Send
 from agent.diagnose import diagnose
 from agent.output import duration, plural
 from agent.policy import AttemptView, Message, Policy, PolicyError, Proposal, ProposeContext
+from agent.strategies import cell_of_result, choose
 from tools.result import FAILED, EvalResult
 from tools.store import Store, attempt_columns, now
 
@@ -49,6 +50,13 @@ class LoopSettings:
     max_tokens: int | None = None
     language: str = "auto"
     max_tool_rounds: int = 8            # inspection rounds allowed before a proposal must carry a candidate
+    # Search (agent/strategies): how the next attempt's parent is picked; strategy_seed (stored with the run) seeds
+    # the picks, so a resumed run picks the same; islands / migrate_every are evolve's.
+    strategy: str = "refine"
+    strategy_seed: int = 0
+    islands: int = 2
+    migrate_every: int = 4
+    lessons: tuple = ()                 # memory from earlier runs shown to model policies ({id, text, ...})
 
 
 @dataclass
@@ -57,6 +65,7 @@ class Live:
     turn: int
     started: float
     parent_attempt_id: int | None
+    parent: Any = None                  # the strategy's agent.strategies.Parent
     proposal: Proposal | None = None
     messages: list[Message] = field(default_factory=list)
     tool_results: list[dict] = field(default_factory=list)
@@ -99,9 +108,10 @@ class Loop:
                     emit("stop", branch=branch, reason=reason)
                     return {"stops": [reason]}
                 key = uuid.uuid4().hex
-                best = self.store.progress(self.run_id)["best_id"]
                 turn = len(self.store.attempts(self.run_id, branch)) + 1
-                live = self.live[key] = Live(turn=turn, started=time.monotonic(), parent_attempt_id=best)
+                parent = choose(self.store, self.run_id, self.settings, branch, turn)
+                live = self.live[key] = Live(turn=turn, started=time.monotonic(),
+                                             parent_attempt_id=parent.attempt_id, parent=parent)
         emit("stage", branch=branch, stage="write")
         proposal = self.policy.propose(self.context(branch, live))
         if proposal.call_failed:
@@ -239,13 +249,17 @@ class Loop:
         return left
 
     def context(self, branch: int, live: Live) -> ProposeContext:
-        history = [attempt_view(row) for row in self.store.attempts(self.run_id, branch)]
-        best = self.store.best_attempt(self.run_id)
+        parent = live.parent
+        rows = self.store.attempts(self.run_id, branch) if parent is None or parent.shown is None else parent.shown
+        best = self.store.best_attempt(self.run_id) if parent is None or parent.show_best else None
+        shown_parent = parent is not None and parent.show_parent and parent.attempt is not None
         return ProposeContext(
             run_id=self.run_id, branch=branch, turn=live.turn, target_name=self.target_name,
             target_source=self.target_source, language=self.settings.language, gpu=self.gpu,
-            history=history, best=attempt_view(best) if best else None,
-            budget_left=self.budget_left(self.store.progress(self.run_id)), tool_results=live.tool_results)
+            history=[attempt_view(row) for row in rows], best=attempt_view(best) if best else None,
+            budget_left=self.budget_left(self.store.progress(self.run_id)), tool_results=live.tool_results,
+            strategy=self.settings.strategy, parent=attempt_view(parent.attempt) if shown_parent else None,
+            parent_reason=parent.reason if parent is not None else "", lessons=list(self.settings.lessons))
 
     def view_of(self, live: Live, branch: int) -> AttemptView:
         """The attempt being reflected on, before it is committed (so it has no id or number yet)."""
@@ -271,7 +285,7 @@ class Loop:
             attempt_id = self.store.add_attempt(
                 self.run_id, live.messages, branch=branch, turn=live.turn, parent_attempt_id=live.parent_attempt_id,
                 source=proposal.source, reasoning=proposal.reasoning, diagnosis=live.diagnosis,
-                reflection=live.reflection, **columns)
+                reflection=live.reflection, **columns, **search_columns(live.parent, r, proposal))
             facts = machine_facts(r, run)
             if new_best:
                 facts["best_attempt_id"] = attempt_id
@@ -334,6 +348,14 @@ def run_loop(loop: Loop, checkpoints: Path, on_event: Callable[[dict], None] = l
         loop.live.clear()
     store.update_run(loop.run_id, status="finished", finished_at=now(), notes="; ".join(dict.fromkeys(stops)))
     return "finished"
+
+
+def search_columns(parent, result: EvalResult, proposal: Proposal) -> dict:
+    """What the strategy logs with each attempt: why its parent, the attempt's own archive cell, its island."""
+    if parent is None:
+        return {}
+    return {"parent_reason": parent.reason, "island": parent.island,
+            "archive_cell": cell_of_result(result.language or proposal.language, result, proposal.source)}
 
 
 def emit(kind: str, **fields: Any) -> None:

@@ -43,6 +43,12 @@ class ProposeContext:
     best: AttemptView | None       # the run's best verified attempt (shared across branches)
     budget_left: dict = field(default_factory=dict)  # attempts / seconds / cost left
     tool_results: list[dict] = field(default_factory=list)  # answers to the proposal's inspection tool calls
+    # The search strategy's choice (agent/strategies): the attempt to build on and why; None under refine, whose
+    # parent is simply the best. lessons: memory items from earlier runs ({id, text, support, contradict}).
+    strategy: str = "refine"
+    parent: AttemptView | None = None
+    parent_reason: str = ""
+    lessons: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -62,6 +68,18 @@ class Proposal:
         """The model call itself failed (retries spent, stream broken off): the policy logged an error as its last
         message and has neither a candidate nor tool calls. The graph logs it but makes no attempt of it."""
         return bool(self.messages) and self.messages[-1].role == "error" and not self.source and not self.tool_calls
+
+
+@dataclass
+class RunDigest:
+    """A finished run, as a model policy's optional `distill(digest) -> (lessons, judgements, messages)` reads it
+    (agent/learn.py): lessons [{text, evidence: [attempt numbers]}], judgements of the lessons it was shown
+    [{id, verdict: supported|contradicted|unrelated, why}]. The offline and replay policies have no distill."""
+    target_name: str
+    features: dict                 # op, description, dtypes, bucket, gpu
+    attempts: list[AttemptView]
+    best: AttemptView | None
+    shown_lessons: list[dict] = field(default_factory=list)
 
 
 class PolicyError(Exception):

@@ -72,7 +72,7 @@ def hardware_text(gpu: dict | None) -> str:
 def target_prompt(ctx: ProposeContext) -> str:
     """The target, the hardware and the language: stable for a whole run (cacheable)."""
     return _render("target.md.j2", name=ctx.target_name, source=ctx.target_source.strip(),
-                   hardware=hardware_text(ctx.gpu), language=ctx.language)
+                   hardware=hardware_text(ctx.gpu), language=ctx.language, lessons=ctx.lessons)
 
 
 def turn_prompt(ctx: ProposeContext, keep_full: int = 4) -> str:
@@ -81,9 +81,15 @@ def turn_prompt(ctx: ProposeContext, keep_full: int = 4) -> str:
     older, recent = (history[:-keep_full], history[-keep_full:]) if keep_full > 0 else (history, [])
     best = _facts(ctx.best) if ctx.best else None
     # The best kernel's source stays in view even after it has scrolled out of the recent attempts.
-    best_report = attempt_report(ctx.best) if ctx.best and ctx.best.id not in {v.id for v in recent} else ""
+    shown = {v.id for v in recent} | ({ctx.parent.id} if ctx.parent else set())
+    best_report = attempt_report(ctx.best) if ctx.best and ctx.best.id not in shown else ""
+    # The strategy's parent (agent/strategies): named, and in full unless it is one of the latest attempts shown.
+    parent = ctx.parent if ctx.parent and ctx.parent.id not in {v.id for v in recent} else None
     return _render(
         "turn.md.j2", turn=ctx.turn, branch=ctx.branch, budget=_budget_text(ctx.budget_left), best=best,
+        parent_number=ctx.parent.number if ctx.parent else None,
+        parent_report=attempt_report(parent) if parent else "",
+        parent_reason=ctx.parent_reason,
         best_report=best_report, summaries=[attempt_summary(view) for view in older],
         reports=[attempt_report(view) for view in recent], history_empty=not history)
 
@@ -205,6 +211,38 @@ def _clip(text: str, limit: int = MAX_LOG_CHARS) -> str:
         return text
     half = limit // 2
     return f"{text[:half]}\n[... {len(text) - limit} characters cut ...]\n{text[-half:]}"
+
+
+def lessons_prompt(digest, max_lessons: int = 3) -> str:
+    """The one request a model policy sends after a run to distil lessons and judge the lessons it was shown."""
+    best = digest.best
+    best_text = (f"{best.number} ({best.language}" + (f", {best.speedup_eager:.2f}x eager" if best.speedup_eager
+                                                     is not None else "") + ")") if best else ""
+    return _render("lessons.md.j2", name=digest.target_name, features=digest.features,
+                   attempts=[attempt_summary(a) for a in digest.attempts], best=best_text,
+                   shown=digest.shown_lessons, max_lessons=max_lessons)
+
+
+def lessons_from_text(text: str) -> tuple[list[dict], list[dict]]:
+    """(lessons, judgements) from the model's answer to lessons_prompt: the first JSON object in it; ([], []) when
+    there is none. Malformed entries are dropped."""
+    import json
+
+    decoder = json.JSONDecoder()
+    for start in [m.start() for m in re.finditer(r"\{", text or "")]:
+        try:
+            body, _ = decoder.raw_decode(text[start:])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(body, dict) and ("lessons" in body or "judgements" in body):
+            break
+    else:
+        return [], []
+    lessons = [{"text": item["text"], "evidence": [n for n in item.get("evidence") or [] if isinstance(n, int)]}
+               for item in body.get("lessons") or [] if isinstance(item, dict) and isinstance(item.get("text"), str)]
+    judgements = [{"id": item["id"], "verdict": str(item.get("verdict", "")), "why": str(item.get("why") or "")}
+                  for item in body.get("judgements") or [] if isinstance(item, dict) and isinstance(item.get("id"), int)]
+    return lessons, judgements
 
 
 # -- answers ---------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import httpx2
 
 from agent import prompting
 from agent.inspect_tools import SUBMIT, TOOLS
-from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
+from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext, RunDigest
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,24 @@ class AnthropicPolicy:
     def reflect(self, ctx: ProposeContext, attempt: AttemptView) -> tuple[str, list[Message]]:
         # The model reflects in its next turn, where the evidence is in front of it; a separate call would only cost.
         return "", []
+
+    def distill(self, digest: RunDigest) -> tuple[list[dict], list[dict], list[Message]]:
+        """After a run: one extra call (agent/prompts/lessons.md.j2, no thinking) for lessons and judgements of the
+        lessons the run was shown (agent/learn.py stores them). A failed call gives no lessons, only its log."""
+        params = {"model": self.model, "max_tokens": 2048,
+                  "messages": [{"role": "user", "content": prompting.lessons_prompt(digest)}]}
+        logged = [Message("request", params, provider=PROVIDER, model=self.model)]
+        started = time.monotonic()
+        try:
+            with self.client.messages.stream(**params) as stream:
+                response = stream.get_final_message()
+        except (anthropic.APIError, httpx2.HTTPError, ValueError) as e:
+            logged.append(Message("error", {"error": f"lesson call failed: {_describe(e)}", "type": type(e).__name__},
+                                  provider=PROVIDER, model=self.model, latency_s=time.monotonic() - started))
+            return [], [], logged
+        logged.append(self._response_message(response, time.monotonic() - started))
+        text = "\n".join(b.text for b in response.content if b.type == "text")
+        return (*prompting.lessons_from_text(text), logged)
 
     # -- requests --------------------------------------------------------------------------------------------------
     def _first_message(self, ctx: ProposeContext) -> dict:

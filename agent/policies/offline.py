@@ -1,7 +1,9 @@
 """The offline policy: no model, no network. Starts from known-good kernels, then searches around the best one.
 
-Order of moves, all deterministic given the run: (1) every catalog starter for the target (branch b starts at the
-b-th); (2) around the best attempt so far (then the next best, then any earlier attempt): one tunable one step up or
+Order of moves, all deterministic given the run: (0) tunables remembered from a similar target (tools/memory.py);
+(1) every catalog starter for the target (branch b starts at the b-th); (2) around the search strategy's parent
+(agent/strategies; under refine that is the best attempt so far), then the best, then the next best, then any
+earlier attempt (other strategies: then the run's other verified attempts): one tunable one step up or
 down its list, the step chosen from the reflect node's diagnosis, then two steps; PTX edits of a Triton attempt's PTX
 (cache hints) come between the two when the kernel is memory-bound below 80% of bandwidth, last otherwise; they compile the attempt's Triton
 source for the target's main shape in a subprocess (once per source; specialized and generic PTX, see
@@ -59,8 +61,10 @@ class OfflinePolicy:
     name = "offline"
     model = ""
 
-    def __init__(self, target=None, seed_kernel: str | Path | None = None, store: Store | None = None):
-        """target: a tools.target.Target; store (optional) lets parallel branches see each other's sources."""
+    def __init__(self, target=None, seed_kernel: str | Path | None = None, store: Store | None = None,
+                 remembered: list[dict] | None = None):
+        """target: a tools.target.Target; store (optional) lets parallel branches see each other's sources;
+        remembered: tuning memory (tools.memory.Memory.seeds): {template, values, ...} tried before the starters."""
         if seed_kernel is not None:
             self.templates = [seed_template(Path(seed_kernel))]
         elif target is not None and target.builtin:
@@ -76,6 +80,7 @@ class OfflinePolicy:
         self.compiled: dict[str, list] = {}   # Triton source hash -> its PTX compilations ([] when compiling failed)
         self.store = store
         self.claimed: set[str] = set()   # proposed by this process but maybe not yet committed (parallel branches)
+        self.remembered = [r for r in remembered or [] if r.get("template") in self.by_name]
         self.lock = threading.Lock()
 
     def propose(self, ctx: ProposeContext) -> Proposal:
@@ -98,13 +103,21 @@ class OfflinePolicy:
     # -- candidate order ---------------------------------------------------------------------------------------
     def moves(self, ctx: ProposeContext) -> Iterator[Move]:
         allowed = {"triton", "ptx"} if ctx.language == "auto" else {ctx.language}
+        for memory in self.remembered:  # what won on a similar target before: tried first
+            t = self.by_name[memory["template"]]
+            values = {**t.defaults, **{k: v for k, v in (memory.get("values") or {}).items()
+                                       if k in t.tunables and v in t.tunables[k]}}
+            if t.language in allowed:
+                yield Move(t.render(values), t.language,
+                           f"Start from the {t.name} {t.language} kernel with the tunables that won before "
+                           f"({format_values(values)}; memory: {memory.get('why', 'a similar target')}).")
         offset = ctx.branch % len(self.templates)
         for t in self.templates[offset:] + self.templates[:offset]:
             if t.language in allowed:
                 yield Move(t.render(t.defaults), t.language,
                            f"Start from the {t.name} {t.language} kernel with its default settings "
                            f"({format_values(t.defaults)}). {t.notes}".strip())
-        for anchor in anchors(ctx):
+        for anchor in anchors(ctx, self.run_attempts(ctx)):
             facts = diagnose(anchor.result)[1]
             about = describe(anchor)
             ptx_moves = self.ptx_moves(anchor, about) if "ptx" in allowed else iter(())
@@ -164,6 +177,14 @@ class OfflinePolicy:
         except ValueError:  # a kernel that does not follow the catalog's launch convention has no PTX twin
             return
 
+    def run_attempts(self, ctx: ProposeContext) -> list[AttemptView]:
+        """Under a strategy other than refine the context shows only part of the run: the run's other attempts
+        are the last anchors, so the policy runs dry only when the whole run has been searched around."""
+        if ctx.strategy == "refine" or self.store is None:
+            return []
+        from agent.prompting import attempt_view
+        return [attempt_view(row) for row in self.store.attempts(ctx.run_id)]
+
     def ptx_compilations(self, source: str) -> list:
         """The Triton source compiled to PTX for the target's main shape (cached; [] if it does not compile)."""
         from agent.kernels import ptx_edits
@@ -177,12 +198,15 @@ class OfflinePolicy:
         return self.compiled[key]
 
 
-def anchors(ctx: ProposeContext) -> list[AttemptView]:
-    """Attempts to search around: correct ones fastest first (the run's best leads), then all others newest first."""
+def anchors(ctx: ProposeContext, rest: list[AttemptView] = ()) -> list[AttemptView]:
+    """Attempts to search around: the strategy's parent, then correct ones fastest first (the run's best leads), then
+    all others newest first; then `rest` (the run's other attempts), correct ones fastest first."""
     seen, ordered = set(), []
     correct = sorted((a for a in ctx.history if a.verdict == "correct"),
                      key=lambda a: (-(a.speedup_eager or 0), a.number))
-    for a in ([ctx.best] if ctx.best else []) + correct + list(reversed(ctx.history)):
+    others = sorted((a for a in rest if a.verdict == "correct"), key=lambda a: (-(a.speedup_eager or 0), a.number))
+    for a in (([ctx.parent] if ctx.parent else []) + ([ctx.best] if ctx.best else []) + correct
+              + list(reversed(ctx.history)) + others):
         if a.id not in seen:
             seen.add(a.id)
             ordered.append(a)

@@ -17,7 +17,7 @@ import openai
 
 from agent import prompting
 from agent.inspect_tools import SUBMIT, TOOLS, openai_tools
-from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
+from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext, RunDigest
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,23 @@ class OpenAIPolicy:
 
     def reflect(self, ctx: ProposeContext, attempt: AttemptView) -> tuple[str, list[Message]]:
         return "", []  # the model reflects in its next turn, with the evidence in front of it
+
+    def distill(self, digest: RunDigest) -> tuple[list[dict], list[dict], list[Message]]:
+        """After a run: one extra call (agent/prompts/lessons.md.j2) for lessons and judgements of the lessons the
+        run was shown (agent/learn.py stores them). A failed call gives no lessons, only its log."""
+        params = {"model": self.model, "max_completion_tokens": 2048,
+                  "messages": [{"role": "user", "content": prompting.lessons_prompt(digest)}]}
+        logged = [Message("request", json.loads(json.dumps(params)), provider=PROVIDER, model=self.model)]
+        started = time.monotonic()
+        try:
+            response = self.client.chat.completions.create(**params)
+        except openai.APIError as e:
+            logged.append(Message("error", {"error": f"lesson call failed: {_describe(e)}", "type": type(e).__name__},
+                                  provider=PROVIDER, model=self.model, latency_s=time.monotonic() - started))
+            return [], [], logged
+        logged.append(self._response_message(response, time.monotonic() - started))
+        text = (response.choices[0].message.content or "") if response.choices else ""
+        return (*prompting.lessons_from_text(text), logged)
 
     # -- requests --------------------------------------------------------------------------------------------------
     def _first_messages(self, ctx: ProposeContext) -> list[dict]:
