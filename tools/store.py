@@ -44,7 +44,11 @@ ATTEMPT_COLUMNS = {
     "compile_log": str, "resources": str, "verdict": str, "reasons": str, "time_us": str, "speedup_eager": float,
     "speedup_compile": float, "sol_fraction": float, "roofline": str, "correctness": str, "ncu": str, "nvml": str,
     "flags": str, "diagnosis": str, "reflection": str, "stdout": str, "stderr": str, "durations": str, "result": str,
+    "parent_reason": str, "archive_cell": str, "island": int,
 }
+# The search strategy's record of each attempt (agent/strategies): why its parent was picked, the MAP-Elites cell the
+# attempt landed in, its island. Nullable, added like ADDED_RUN_COLUMNS.
+ADDED_ATTEMPT_COLUMNS = {"parent_reason": str, "archive_cell": str, "island": int}
 MESSAGE_COLUMNS = {
     "id": int, "run_id": str, "attempt_id": int, "branch": int, "turn": int, "seq": int, "created_at": str,
     "role": str, "provider": str, "model": str, "content": str, "input_tokens": int, "output_tokens": int,
@@ -188,6 +192,9 @@ class Store:
             missing = {k: v for k, v in ADDED_RUN_COLUMNS.items() if k not in db["runs"].columns_dict}
             for column, kind in missing.items():
                 db["runs"].add_column(column, kind)
+            for column, kind in ADDED_ATTEMPT_COLUMNS.items():
+                if column not in db["attempts"].columns_dict:
+                    db["attempts"].add_column(column, kind)
 
     def _create_schema(self) -> None:
         db = self.db
