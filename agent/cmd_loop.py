@@ -40,6 +40,10 @@ def optimize_command(
     effort: Optional[str] = typer.Option(None, help="anthropic policy: output effort (e.g. low, medium, high; default: the model's)."),
     max_retries: Optional[int] = typer.Option(None, min=0, help="anthropic/openai policies: SDK retries (with backoff) per model call."),
     tools: bool = typer.Option(True, "--tools/--no-tools", help="openai policy: --no-tools for servers without function calling (fenced code answers)."),
+    strategy: str = typer.Option("refine", help="Search strategy: refine, best-of-n, metr or evolve (README: Search strategies and memory)."),
+    strategy_seed: Optional[int] = typer.Option(None, help="Seed of the strategy's random picks (default: drawn once, stored with the run)."),
+    memory: Optional[Path] = typer.Option(None, help="Memory file across runs (default: memory.db beside --db, so runs/memory.db)."),
+    no_memory: bool = typer.Option(False, "--no-memory", help="Neither read nor write memory across runs."),
 ) -> None:
     """Optimize one target's kernel: write, assemble, verify, profile, reflect, log; repeat until a stop rule."""
     from tools.store import StoreError, open_db
@@ -60,6 +64,9 @@ def optimize_command(
     if policy != "openai" and not tools:
         fail("--no-tools is a setting of --policy openai")
     check_budgets(hours, max_cost)
+    from agent.strategies import STRATEGIES
+    if strategy not in STRATEGIES:
+        fail(f"unknown strategy {strategy!r} (one of {', '.join(STRATEGIES)})")
     if language == "ptx" and not _has_gpu():
         fail("--language ptx needs a CUDA GPU: without one PTX is assembled but not run, so no attempt could be "
              "verified or ranked (use --language triton or auto)")
@@ -69,8 +76,12 @@ def optimize_command(
         "patience": patience, "max_cost_usd": max_cost, "max_tokens": max_tokens,
         "seed_kernel": str(seed_kernel.resolve()) if seed_kernel else None, "model": model, "base_url": base_url,
         "from_run": from_run, "thinking": thinking, "effort": effort, "max_retries": max_retries, "tools": tools,
+        **strategy_settings(strategy, strategy_seed),
+        "memory": None if no_memory else str((memory or _default_memory(db)).resolve()),
     }
     tgt = _load_target(target)
+    from agent.learn import prepare
+    settings.update(prepare(settings, tgt, policy, _gpu_info()))
     new_db = not db.exists()
     try:
         store = open_db(db)
@@ -246,7 +257,8 @@ def _make_policy(name: str, settings: dict, tgt, store):
     from agent.policy import PolicyError
 
     if name == "offline":
-        kwargs = {"target": tgt, "seed_kernel": settings.get("seed_kernel"), "store": store}
+        kwargs = {"target": tgt, "seed_kernel": settings.get("seed_kernel"), "store": store,
+                  "remembered": settings.get("memory_seeds")}
     elif name == "replay":
         kwargs = {"store": store, "source_run_id": settings["from_run"]}
     else:
@@ -280,6 +292,9 @@ def _run(store, run_id: str, settings: dict, tgt, policy, extend: bool = False) 
         fail(f"{e} (run {run_id} failed; `kloop resume {run_id} --db {store.path}` retries)")
     run = store.get_run(run_id)
     console.print(f"run {run_id} finished: {run['notes']}", highlight=False)
+    from agent.learn import after_run
+    for line in after_run(store, run_id, policy, settings, tgt):
+        console.print(line, highlight=False)
     _print_best(store, run_id)
 
 
@@ -306,9 +321,30 @@ def run_graph(store, run_id: str, settings: dict, tgt, policy, gpu: dict | None,
                     settings=LoopSettings(**{k: settings[k] for k in (
                         "max_attempts", "hours", "branches", "target_sol", "patience", "max_cost_usd", "max_tokens",
                         "language")} | ({"language": "triton"} if settings["language"] == "auto"
-                                        and DEVICE.type != "cuda" else {})),
+                                        and DEVICE.type != "cuda" else {}) | loop_search_settings(settings)),
                     target_name=tgt.name, target_source=shown_source(tgt.source))
         run_loop(loop, Path(f"{store.path}.checkpoints"), on_event, restart=extend)
+
+
+def strategy_settings(strategy: str = "refine", seed: int | None = None) -> dict:
+    """The run settings of a search strategy (also for `kloop suite`): the seed is drawn once and stored, so a
+    resumed run makes the same picks."""
+    import random
+
+    return {"strategy": strategy, "strategy_seed": seed if seed is not None else random.SystemRandom().randrange(2**31)}
+
+
+def loop_search_settings(settings: dict) -> dict:
+    """LoopSettings fields from a run's settings (runs made before strategies existed are refine runs)."""
+    search = {k: settings[k] for k in ("strategy", "strategy_seed", "islands", "migrate_every")
+              if settings.get(k) is not None}
+    return search | {"lessons": tuple(settings.get("memory_lessons") or ())}
+
+
+def _default_memory(db: Path) -> Path:
+    from agent.learn import default_memory
+
+    return default_memory(db)
 
 
 class ProgressView:

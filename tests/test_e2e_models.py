@@ -94,14 +94,15 @@ def e2e(tmp_path_factory):
         with fa.ScriptedServer(anthropic_script()) as server:
             out_a = cli("optimize", "vector_add", "--policy", "anthropic", "--base-url", server.url, "--max-retries", 0,
                         "--thinking", 2048, "--effort", "high", "--language", "triton", "--max-attempts", 4,
-                        "--db", db)
+                        "--db", db, "--no-memory")  # the lesson call is tested in tests/test_memory.py
             anthropic_bodies = server.bodies
         run_a = newest_run(db)
 
         mp.setattr("agent.cmd_loop._gpu_info", lambda: dict(FAKE_GPU))  # the run's GPU facts, shown from turn 1
         with fo.ScriptedServer(openai_script()) as server:
             cli("optimize", "vector_add", "--policy", "openai", "--base-url", f"{server.url}/v1", "--model",
-                "qwen-coder", "--max-retries", 0, "--language", "triton", "--max-attempts", 3, "--db", db)
+                "qwen-coder", "--max-retries", 0, "--language", "triton", "--max-attempts", 3, "--db", db,
+                "--no-memory")
             openai_bodies = server.bodies
         run_b = newest_run(db)
 
