@@ -12,9 +12,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from agent.cmd_eval import fail
-from agent.cmd_loop import DEFAULT_DB, ProgressView, run_graph
-from agent.output import make_console
+from agent.output import fail, make_console
+from agent.progress import ProgressView
+from tools.store import DEFAULT_DB
 
 console = make_console()
 
@@ -66,19 +66,19 @@ def run_bench(store, names: list[str], minutes_per_target: float, max_attempts: 
     """Measure the ceilings, run each target's loop, re-time each best kernel with its baselines; the JSON report."""
     import torch
 
-    from tools import bench
+    from agent.run import gpu_facts
     from sandbox.evaluate import NO_GPU_NOTE, EvalSettings, evaluate, versions
-    from tools.profile import gpu_info
+    from tools import bench
     from tools.store import now
 
     timing_is_real = torch.cuda.is_available()
-    gpu = gpu_info()
+    gpu = gpu_facts()
     started = now()
     with console.status("measuring the device copy bandwidth", spinner="dots"):
         copy = bench.copy_bandwidth()
     rows = []
     for name in names:
-        target, run_id, loop_seconds = optimize_one(store, name, minutes_per_target, max_attempts, gpu)
+        target, run_id, loop_seconds = optimize_one(store, name, minutes_per_target, max_attempts)
         attempts = store.attempts(run_id)
         best = store.best_attempt(run_id)
         final = cublas = None
@@ -105,31 +105,21 @@ def run_bench(store, names: list[str], minutes_per_target: float, max_attempts: 
     }
 
 
-def optimize_one(store, name: str, minutes: float, max_attempts: int | None, gpu: dict | None):
-    """One target's run, built the way `kloop optimize` builds it (offline policy, same graph, same evaluator);
+def optimize_one(store, name: str, minutes: float, max_attempts: int | None):
+    """One target's run through agent.run, as `kloop optimize` makes it (offline policy, same graph, same evaluator);
     the budget is fixed: no early stop for speed-of-light or patience. Returns (target, run id, loop seconds)."""
-    from agent.policies import make_policy
-    from agent.policy import PolicyError
-    from tools.store import StoreError
-    from tools.target import TargetError, load_target
+    from agent import run as runs
 
     attempts_cap = max_attempts or sys.maxsize
-    settings = {"target": name, "language": "auto", "max_attempts": attempts_cap, "hours": minutes / 60,
-                "branches": 1, "target_sol": sys.float_info.max, "patience": attempts_cap, "max_cost_usd": None,
-                "max_tokens": None, "seed_kernel": None, "model": None, "base_url": None, "from_run": None,
-                "started_by": "kloop bench"}
+    settings = runs.settings_for(name, max_attempts=attempts_cap, hours=minutes / 60, target_sol=sys.float_info.max,
+                                 patience=attempts_cap, started_by="kloop bench")
     try:
-        target = load_target(name)
-        policy = make_policy("offline", target=target, store=store)
-    except (TargetError, PolicyError) as e:
+        run = runs.start(store, "offline", settings)
+    except runs.RunError as e:
         fail(str(e))
-    run_id = store.create_run(target_name=target.name, target_source=target.source, target_sha256=target.sha256,
-                              policy="offline", model=policy.model, settings=settings,
-                              **({"gpu": gpu, "gpu_name": gpu["name"], "driver": gpu["driver"], "cuda": gpu["cuda"]}
-                                 if gpu else {}))
-    console.print(f"[bold]{name}[/]: run {run_id} in {store.path}, {minutes:g} min"
+    console.print(f"[bold]{name}[/]: run {run.id} in {store.path}, {minutes:g} min"
                   + (f", at most {max_attempts} attempts" if max_attempts else ""), highlight=False)
-    view = ProgressView(attempts_cap)
+    view = ProgressView(attempts_cap, console)
 
     def on_event(event: dict) -> None:  # an unlimited attempt budget is not worth a "left" count
         if event["kind"] == "attempt" and max_attempts is None:
@@ -140,10 +130,10 @@ def optimize_one(store, name: str, minutes: float, max_attempts: int | None, gpu
     try:
         with console.status("starting", spinner="dots") as status:
             view.status = status
-            run_graph(store, run_id, settings, target, policy, gpu, on_event)
-    except (TargetError, PolicyError, StoreError) as e:
-        fail(f"{name}: {e} (run {run_id} failed)")
-    return target, run_id, time.monotonic() - began
+            runs.run(run, on_event)
+    except runs.RunFailed as e:
+        fail(f"{name}: {e} (run {run.id} failed)")
+    return run.target, run.id, time.monotonic() - began
 
 
 def bench_table(report: dict) -> Table:

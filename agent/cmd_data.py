@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from agent.cmd_eval import fail
+from agent.output import fail
 from tools.store import DEFAULT_DB
 
 

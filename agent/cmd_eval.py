@@ -6,19 +6,11 @@ from pathlib import Path
 
 import typer
 from rich.table import Table
-from rich.text import Text
 
-from agent.output import make_console, plural
+from agent.output import fail, make_console, plural
 from tools.result import EvalResult
 
 console = make_console()
-
-
-def fail(message: str, code: int = 2) -> None:
-    """One clear line on stderr and exit status 2: how every kloop command reports bad input. The message is plain
-    text (a path like runs/[x].db is not read as rich markup)."""
-    make_console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
 
 
 def eval_command(
@@ -32,7 +24,7 @@ def eval_command(
 ) -> None:
     """Judge one candidate kernel against one target: verify, then time on the GPU."""
     from sandbox.evaluate import EvalSettings, evaluate
-    from tools.target import TargetError, load_target
+    from tools.target import TargetError, check_reference, load_target
 
     if not candidate.is_file():
         fail(f"no candidate file {candidate}")
@@ -59,26 +51,6 @@ def eval_command(
     else:
         print_summary(result)
     raise typer.Exit(0 if result.correct else 1)
-
-
-def check_reference(target) -> None:
-    """A target whose own reference fails is the user's problem, said in one line before any candidate runs."""
-    import torch
-
-    from tools.inputs import DEVICE, make_inputs
-    from tools.target import TargetError
-
-    for shape in target.shapes(small=DEVICE.type != "cuda"):
-        try:
-            module = target.module_for(shape)
-            with torch.no_grad():
-                model = module.Model(*module.get_init_inputs()).to(DEVICE)
-                model(*make_inputs(module, 0))
-        except TargetError:
-            raise
-        except Exception as e:
-            raise TargetError(f"target {target.name}: the reference fails at {shape or 'its main shape'}: "
-                              f"{type(e).__name__}: {e}".splitlines()[0]) from None
 
 
 def print_summary(r: EvalResult) -> None:

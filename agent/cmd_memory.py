@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from agent.cmd_eval import fail
+from agent.output import fail
 from agent.output import make_console
 from tools.store import DEFAULT_DB
 

@@ -1,4 +1,4 @@
-"""How every kloop command writes to the terminal, a pipe or a log file.
+"""How every kloop command writes to the terminal, a pipe or a log file (and says no: `fail`).
 
 In a terminal, rich as usual. Without one (piped, redirected, a CI log), rich would assume 80 columns and wrap or
 crop: code broken mid-line, table cells cut to "2026-1…". There, `Output` is as wide as its content, and code is
@@ -31,6 +31,16 @@ class Output(Console):
 
 def make_console(stderr: bool = False) -> Output:
     return Output(stderr=stderr)
+
+
+def fail(message: str, code: int = 2):
+    """One clear line on stderr and exit status 2: how every kloop command reports bad input. The message is plain
+    text (a path like runs/[x].db is not read as rich markup)."""
+    import typer
+    from rich.text import Text
+
+    make_console(stderr=True).print(Text.assemble(("error:", "bold red"), " ", message), highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def print_code(console: Console, source: str, language: str = "python") -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools.store import Store, StoreError, attempt_columns, now, open_db
+from tools.store import Store, StoreError, attempt_columns, gpu_columns, now, open_db
 
 WHICH = ("best", "correct", "all")
 TIME_REL_TOLERANCE = 0.10   # timings closer than this are the same ...
@@ -159,7 +159,7 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
         best = next((a for a in store.attempts(new_run_id) if old_best and a["number"] == old_best["number"]
                      and a["verdict"] == "correct"), None)
         store.update_run(new_run_id, status="finished", finished_at=now(), best_attempt_id=best["id"] if best else None,
-                         gpu_name=gpu.get("name"), driver=gpu.get("driver"), cuda=gpu.get("cuda"),
+                         **gpu_columns(gpu or None),
                          versions=rows[0].new["result"].get("versions"),
                          numeric_flags=rows[0].new["result"].get("numeric_flags"),
                          baselines=rows[0].new["result"].get("baselines"))

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.cmd_loop import attempt_label
+from agent.progress import attempt_label
 from agent.output import Output, duration, plural, print_code
 from tools.store import open_db
 

@@ -98,7 +98,7 @@ def e2e(tmp_path_factory):
             anthropic_bodies = server.bodies
         run_a = newest_run(db)
 
-        mp.setattr("agent.cmd_loop._gpu_info", lambda: dict(FAKE_GPU))  # the run's GPU facts, shown from turn 1
+        mp.setattr("agent.run.gpu_facts", lambda: dict(FAKE_GPU))  # the run's GPU facts, shown from turn 1
         with fo.ScriptedServer(openai_script()) as server:
             cli("optimize", "vector_add", "--policy", "openai", "--base-url", f"{server.url}/v1", "--model",
                 "qwen-coder", "--max-retries", 0, "--language", "triton", "--max-attempts", 3, "--db", db,

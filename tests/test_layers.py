@@ -5,7 +5,8 @@
     tools/    leaf blocks                                      imports neither
 
 and inside agent/, nothing below the command line (graph, run, policies, ...) imports it (agent/cli.py, cmd_*.py):
-other entry points call agent.run, not the CLI. Imports inside functions count as much as those at the top.
+other entry points call agent.run, not the CLI. The command modules are thin and side by side: only cli.py imports
+them, and none imports another. Imports inside functions count as much as those at the top.
 """
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ def wrong_way(path: Path) -> list[str]:
         elif own == "agent" and not is_cli and module.startswith(CLI):
             problems.append(f"{rel}:{line} imports {module}: below the command line, agent/ calls agent.run, "
                             "never the CLI modules")
+        elif is_cli and rel != "agent/cli.py" and module.startswith(CLI):
+            problems.append(f"{rel}:{line} imports {module}: a command module shares code through agent/ below "
+                            "the CLI (run, progress, output), never through another command module")
     return problems
 
 
@@ -71,5 +75,11 @@ def test_the_check_sees_function_level_and_relative_imports(tmp_path, monkeypatc
     assert wrong_way(graph) == ["agent/graph.py:1 imports agent.cmd_loop: below the command line, agent/ calls "
                                 "agent.run, never the CLI modules"]
     cli_module = tmp_path / "agent" / "cmd_x.py"
-    cli_module.write_text("from agent.cmd_loop import x\nfrom agent.run import start\n")
+    cli_module.write_text("from agent.run import start\nfrom agent.output import fail\n")
     assert wrong_way(cli_module) == []
+    cli_module.write_text("from agent.cmd_loop import x\nfrom agent.run import start\n")
+    assert wrong_way(cli_module) == ["agent/cmd_x.py:1 imports agent.cmd_loop: a command module shares code through "
+                                     "agent/ below the CLI (run, progress, output), never through another command "
+                                     "module"]
+    (tmp_path / "agent" / "cli.py").write_text("from agent import cmd_loop, cmd_x\n")
+    assert wrong_way(tmp_path / "agent" / "cli.py") == []

@@ -108,7 +108,7 @@ def submit(speed: float) -> dict:
 def model_run(tmp_path, script, settings, attempts):
     """One openai-policy run against a loopback server (fake evaluator), then learn.after_run; returns what the
     server was sent, the run id and the lines after_run printed."""
-    from agent.cmd_loop import loop_search_settings
+    from agent.run import loop_search_settings
     from agent.policies.openai import OpenAIPolicy
 
     store = open_db(tmp_path / "kloop.db")

@@ -253,7 +253,7 @@ def test_strategies_run_with_branches(store):
 
 
 def test_the_loop_reads_the_strategy_from_plain_settings(store):
-    from agent.cmd_loop import loop_search_settings, strategy_settings
+    from agent.run import loop_search_settings, strategy_settings
 
     settings = strategy_settings("metr", 5)
     assert settings == {"strategy": "metr", "strategy_seed": 5}

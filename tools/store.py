@@ -85,6 +85,16 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def gpu_columns(gpu: dict | None) -> dict:
+    """The runs columns that hold a machine's GPU facts (the evaluator's `gpu` dict); {} without a GPU.
+
+    >>> db.update_run(run_id, **gpu_columns(gpu_info()))
+    """
+    if gpu is None:
+        return {}
+    return {"gpu": gpu, "gpu_name": gpu.get("name"), "driver": gpu.get("driver"), "cuda": gpu.get("cuda")}
+
+
 def source_hash(source: str) -> str:
     """sha256 of the source with trailing whitespace and blank lines normalized away (same kernel, same hash)."""
     lines = [line.rstrip() for line in source.strip().splitlines()]

@@ -174,6 +174,35 @@ def load_target(spec: str) -> Target:
     return Target(name=spec if builtin else path.stem, path=path.resolve(), source=source, module=module, builtin=builtin)
 
 
+
+def check_reference(target: Target) -> None:
+    """A target whose own reference fails is the user's problem, said in one line (TargetError) before any candidate
+    runs: its Model runs once at every checked shape (CPU sizes without a GPU)."""
+    from tools.inputs import DEVICE, make_inputs
+
+    for shape in target.shapes(small=DEVICE.type != "cuda"):
+        try:
+            module = target.module_for(shape)
+            with torch.no_grad():
+                model = module.Model(*module.get_init_inputs()).to(DEVICE)
+                model(*make_inputs(module, 0))
+        except TargetError:
+            raise
+        except Exception as e:
+            raise TargetError(f"target {target.name}: the reference fails at {shape or 'its main shape'}: "
+                              f"{type(e).__name__}: {e}".splitlines()[0]) from None
+
+
+def shown_source(source: str) -> str:
+    """The target as a policy sees it: the hidden shape variants (KLOOP_*VARIANTS) removed; they are checked, never
+    shown."""
+    lines = source.split("\n")
+    for node in reversed(ast.parse(source).body):
+        names = [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+        if any(name.startswith("KLOOP_") and name.endswith("VARIANTS") for name in names):
+            del lines[node.lineno - 1:node.end_lineno]
+    return "\n".join(lines)
+
 # --- overrides -------------------------------------------------------------------------------------------------
 
 def _assigned_names(stmt: ast.stmt) -> list[str]:

@@ -1,0 +1,285 @@
+"""Optimization runs without a command line: start or resume a run from its settings, run it, return its best.
+
+`kloop optimize`, `kloop resume` and `kloop bench` are thin adapters over this module, and any other entry point
+(a suite, a server, a notebook) calls it the same way. Nothing here prints or exits: bad input raises `RunError`
+(one line for the user, nothing created), and progress goes to the `on_event` callback.
+
+    >>> from agent.run import settings_for, start, resume, run
+    >>> store = open_db("runs/kloop.db")
+    >>> r = start(store, "offline", settings_for("softmax", max_attempts=8))   # loads, checks, creates the run
+    >>> best = run(r, on_event=print)                                           # the loop, to a stop rule
+    >>> best["speedup_eager"] if best else None                                 # the best verified attempt (a row)
+    >>> best = run(resume(store, r.id, max_attempts=16))                        # more budget for the same run
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from tools.store import Store, gpu_columns
+
+POLICIES = ("offline", "anthropic", "openai", "replay")
+LANGUAGES = ("triton", "ptx", "auto")
+
+# Every run setting (stored as runs.settings) with its default. `policy` is a column of its own, not a setting.
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "target": None, "language": "auto", "max_attempts": 20, "hours": None, "branches": 1, "target_sol": 0.9,
+    "patience": 20, "max_cost_usd": None, "max_tokens": None, "seed_kernel": None, "model": None, "base_url": None,
+    "from_run": None, "thinking": None, "effort": None, "max_retries": None, "tools": True,
+}
+
+
+class RunError(Exception):
+    """Bad input (unknown target or policy, failing reference, misplaced setting, empty budget, ...): one line for
+    the user; nothing was created."""
+
+
+class RunFailed(RunError):
+    """The loop stopped on an error (policy, target, database): the run is marked failed and can be resumed."""
+
+    def __init__(self, run_id: str, message: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class RunFinished(RunError):
+    """`resume` of a finished run with no new budget: there is nothing to do (not a failure)."""
+
+
+@dataclass
+class Run:
+    """A run ready to go: its row's id in `store`, its settings, its target and its policy."""
+    store: Store
+    id: str
+    policy_name: str
+    settings: dict
+    target: Any                          # tools.target.Target
+    policy: Any                          # agent.policy.Policy
+    extend: bool = False                 # a finished run given new budgets: its graph starts again
+    previous_status: str | None = None   # resume: the status it had ('running' after a kill -9, 'stopped', ...)
+    attempts_before: int = 0             # resume: attempts it already had
+
+
+# -- settings -----------------------------------------------------------------------------------------------------
+def default_policy() -> str:
+    """anthropic when ANTHROPIC_API_KEY is set, else offline."""
+    return "anthropic" if os.environ.get("ANTHROPIC_API_KEY") else "offline"
+
+
+def settings_for(target: str, **overrides: Any) -> dict:
+    """A run's whole settings dict: the defaults, then `overrides` (extra keys, e.g. started_by, are kept). A target
+    that is a file is stored by its absolute path, as is a seed kernel."""
+    settings = {**DEFAULT_SETTINGS, **overrides}
+    settings["target"] = str(Path(target).resolve()) if Path(target).is_file() else target
+    if settings["seed_kernel"] is not None and Path(settings["seed_kernel"]).is_file():
+        settings["seed_kernel"] = str(Path(settings["seed_kernel"]).resolve())
+    return settings
+
+
+def strategy_settings(strategy: str = "refine", seed: int | None = None) -> dict:
+    """The run settings of a search strategy (also for `kloop suite`): the seed is drawn once and stored, so a
+    resumed run makes the same picks."""
+    import random
+
+    return {"strategy": strategy, "strategy_seed": seed if seed is not None else random.SystemRandom().randrange(2**31)}
+
+
+def loop_search_settings(settings: dict) -> dict:
+    """LoopSettings fields from a run's settings (runs made before strategies existed are refine runs)."""
+    search = {k: settings[k] for k in ("strategy", "strategy_seed", "islands", "migrate_every")
+              if settings.get(k) is not None}
+    return search | {"lessons": tuple(settings.get("memory_lessons") or ())}
+
+
+def check_settings(policy: str, settings: dict) -> None:
+    """Refuse what cannot make a useful run, before anything is loaded or created."""
+    if policy not in POLICIES:
+        raise RunError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+    if settings["language"] not in LANGUAGES:
+        raise RunError(f"unknown language {settings['language']!r} (one of {', '.join(LANGUAGES)})")
+    if settings["seed_kernel"] is not None and not Path(settings["seed_kernel"]).is_file():
+        raise RunError(f"no seed kernel file {settings['seed_kernel']}")
+    if policy == "replay" and not settings["from_run"]:
+        raise RunError("the replay policy needs --from RUN_ID")
+    if policy != "anthropic" and (settings["thinking"] is not None or settings["effort"] is not None):
+        raise RunError("--thinking and --effort are settings of --policy anthropic")
+    if policy not in ("anthropic", "openai") and settings["max_retries"] is not None:
+        raise RunError("--max-retries is a setting of --policy anthropic or openai")
+    if policy != "openai" and not settings["tools"]:
+        raise RunError("--no-tools is a setting of --policy openai")
+    check_budgets(settings["hours"], settings["max_cost_usd"])
+    if settings["language"] == "ptx" and not has_gpu():
+        raise RunError("--language ptx needs a CUDA GPU: without one PTX is assembled but not run, so no attempt "
+                       "could be verified or ranked (use --language triton or auto)")
+
+
+def check_budgets(hours: float | None, max_cost: float | None) -> None:
+    """An empty budget would make an empty run: refused before anything is created."""
+    if hours is not None and not hours > 0:
+        raise RunError(f"--hours must be more than 0, got {hours:g}")
+    if max_cost is not None and not max_cost > 0:
+        raise RunError(f"--max-cost must be more than 0, got {max_cost:g}")
+
+
+# -- the pieces of a run --------------------------------------------------------------------------------------------
+def load_target(spec: str):
+    """A built-in name or a KernelBench-style file, whose reference must run at every checked shape."""
+    from tools.target import TargetError, check_reference
+    from tools.target import load_target as load
+
+    try:
+        target = load(spec)
+        check_reference(target)
+    except TargetError as e:
+        raise RunError(str(e)) from None
+    return target
+
+
+def make_policy(name: str, settings: dict, target, store: Store):
+    from agent.policies import make_policy as make
+    from agent.policies import model_policy_settings
+    from agent.policy import PolicyError
+
+    if name == "offline":
+        kwargs = {"target": target, "seed_kernel": settings.get("seed_kernel"), "store": store,
+                  "remembered": settings.get("memory_seeds")}
+    elif name == "replay":
+        kwargs = {"store": store, "source_run_id": settings["from_run"]}
+    else:
+        kwargs = model_policy_settings(name, settings)
+    try:
+        return make(name, **kwargs)
+    except PolicyError as e:
+        raise RunError(str(e)) from None
+
+
+def has_gpu() -> bool:
+    from tools.inputs import DEVICE
+
+    return DEVICE.type == "cuda"
+
+
+def gpu_facts() -> dict | None:
+    """This machine's GPU facts (the evaluator's `gpu` dict), None without one: read once per run, and written to
+    the run only here (start, or run for a run made without them)."""
+    from tools.profile import gpu_info
+
+    return gpu_info()
+
+
+def spares(settings: dict) -> int:
+    """Planners kept started ahead (each takes seconds: torch, CUDA, Triton) so a candidate rarely waits; a CPU
+    machine has few cores to share."""
+    return min(2 * settings["branches"], 8) if has_gpu() else 1
+
+
+def loop_settings(settings: dict):
+    """The graph's LoopSettings from a run's settings: every setting that names one of its fields. Without a GPU,
+    `auto` writes Triton only: PTX would be assembled but never run, an attempt spent unranked."""
+    from agent.graph import LoopSettings
+
+    names = {f.name for f in fields(LoopSettings)}
+    chosen = {k: v for k, v in settings.items() if k in names and v is not None}
+    chosen.update(loop_search_settings(settings))
+    if chosen.get("language") == "auto" and not has_gpu():
+        chosen["language"] = "triton"
+    return LoopSettings(**chosen)
+
+
+# -- start, resume, run ---------------------------------------------------------------------------------------------
+def start(store: Store, policy: str, settings: dict, target=None, **columns: Any) -> Run:
+    """Check the settings, load the target (unless given, already loaded), make the policy and create the run.
+    columns: more runs columns (parent_run_id, notes, ...). RunError before anything is written."""
+    check_settings(policy, settings)
+    target = target if target is not None else load_target(settings["target"])
+    policy_obj = make_policy(policy, settings, target, store)
+    settings = {**settings, "model": policy_obj.model or None}  # pinned: a resumed run keeps its model
+    from_run = settings.get("from_run")
+    run_id = store.create_run(target_name=target.name, target_source=target.source, target_sha256=target.sha256,
+                              policy=policy, model=policy_obj.model, settings=settings,
+                              **({"parent_run_id": from_run, "parent_kind": "replay-policy"} if from_run else {}),
+                              **gpu_columns(gpu_facts()), **columns)
+    return Run(store, run_id, policy, settings, target, policy_obj)
+
+
+def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: float | None = None,
+           patience: int | None = None) -> Run:
+    """A stopped, failed or killed run, to continue where it left off; new budgets (for the whole run) also extend a
+    finished one. RunFinished for a finished run given no new budget; RunError for budgets already spent, a target
+    that changed since, or PTX without a GPU."""
+    from tools.store import StoreError
+
+    check_budgets(hours, None)
+    try:
+        row = store.get_run(run_id)
+    except StoreError as e:
+        raise RunError(str(e)) from None
+    settings = dict(row["settings"])
+    changes = {k: v for k, v in (("max_attempts", max_attempts), ("hours", hours), ("patience", patience))
+               if v is not None and v != settings.get(k)}
+    if row["status"] == "finished" and not changes:
+        raise RunFinished(f"run {run_id} already finished ({row['notes'] or 'no notes'})")
+    progress = store.progress(run_id)
+    from agent.output import duration, plural
+
+    if max_attempts is not None and max_attempts <= progress["attempts"]:
+        raise RunError(f"run {run_id} already has {plural(progress['attempts'], 'attempt')}; --max-attempts must "
+                       "be more")
+    if hours is not None and hours * 3600 <= progress["seconds"]:
+        raise RunError(f"run {run_id} already used {duration(progress['seconds'] / 3600)}; --hours must be more")
+    target = load_target(settings["target"])
+    if target.sha256 != row["target_sha256"]:
+        raise RunError(f"target {settings['target']} changed since run {run_id} started; start a new run instead")
+    if settings.get("language") == "ptx" and not has_gpu():
+        raise RunError(f"run {run_id} writes PTX only, which needs a CUDA GPU to verify; resume it on one")
+    settings.update(changes)
+    policy_obj = make_policy(row["policy"], settings, target, store)
+    if changes:
+        store.update_run(run_id, settings=settings)
+    return Run(store, run_id, row["policy"], settings, target, policy_obj, extend=row["status"] == "finished",
+               previous_status=row["status"], attempts_before=progress["attempts"])
+
+
+def run(r: Run, on_event: Callable[[dict], None] = lambda event: None) -> dict | None:
+    """Run the loop to a stop rule and return the run's best verified attempt (a row of the attempts table), or
+    None. Events: the graph's (stage, attempt, api_error, stop) and {"kind": "warning", "message"}. Ctrl-C marks the
+    run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed."""
+    from agent.policy import PolicyError
+    from tools.store import StoreError
+    from tools.target import TargetError
+
+    gpu = r.store.get_run(r.id).get("gpu")
+    if gpu is None:  # a run made before runs.gpu existed, or one started without a GPU: this machine's facts
+        gpu = gpu_facts()
+        if gpu is not None:
+            r.store.update_run(r.id, **gpu_columns(gpu))
+    try:
+        run_graph(r.store, r.id, r.settings, r.target, r.policy, gpu, on_event, extend=r.extend)
+    except (TargetError, PolicyError, StoreError) as e:
+        raise RunFailed(r.id, str(e)) from e
+    return r.store.best_attempt(r.id)
+
+
+def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: dict | None,
+              on_event: Callable[[dict], None], extend: bool = False) -> None:
+    """The loop itself in one evaluator session (a fresh secret seed per session, never stored); the lower level of
+    `run`. extend: the run had finished and was given new budgets; its graph starts again from its logged attempts."""
+    from agent.graph import Loop, run_loop
+    from sandbox.evaluate import EvalSettings, Session
+    from tools.target import shown_source
+
+    with Session(spares=spares(settings), settings=EvalSettings()) as session:
+        store.update_run(run_id, isolation=session.isolation)
+        if session.weakly_isolated:
+            on_event({"kind": "warning", "message": f"candidates run with weaker isolation: {session.isolation}"})
+        best = store.best_attempt(run_id)
+        if best is not None and (best["time_us"] or {}).get("median"):  # a resumed run: its best is the bar again
+            session.restore_best(target, best["source"], best["number"], best["time_us"]["median"])
+        loop = Loop(store=store, run_id=run_id, policy=policy, gpu=gpu,
+                    evaluation=lambda source: session.evaluation(target, source),
+                    settings=loop_settings(settings), target_name=target.name,
+                    target_source=shown_source(target.source))
+        run_loop(loop, Path(f"{store.path}.checkpoints"), on_event, restart=extend)
+
