@@ -73,13 +73,18 @@ def score(completion: Any, reference_source: str, *, language: str | None = None
                       {"verdict": "format_error", "compiled": False, "correct": False})
     result = evaluate(_target(reference_source), candidate.source, settings or EvalSettings(baselines=("eager",)),
                       session or _session())
-    speedup = (result.speedup or {}).get("eager")
-    components = {"verdict": result.verdict,
-                  "compiled": result.verdict in ("correct", "incorrect", "runtime_error", "timeout"),
-                  "correct": result.verdict == "correct", "speedup_eager": speedup,
-                  "speedup_compile": (result.speedup or {}).get("compile"),
-                  "sol_fraction": result.roofline.sol_fraction if result.roofline else None}
+    components = reward_components(result)
     return Reward(scalar_reward(components), result.verdict or "runtime_error", list(result.reasons), components, result)
+
+
+def reward_components(result: EvalResult) -> dict:
+    """The reward's inputs from one evaluation (scalar_reward turns them into the reward); `kloop serve` answers
+    with the same ones."""
+    return {"verdict": result.verdict,
+            "compiled": result.verdict in ("correct", "incorrect", "runtime_error", "timeout"),
+            "correct": result.verdict == "correct", "speedup_eager": (result.speedup or {}).get("eager"),
+            "speedup_compile": (result.speedup or {}).get("compile"),
+            "sol_fraction": result.roofline.sol_fraction if result.roofline else None}
 
 
 def trl_reward(prompts=None, completions=None, reference_source=None, **kwargs) -> list[float]:
