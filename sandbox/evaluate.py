@@ -350,34 +350,45 @@ class Evaluation:
     def _verify(self) -> None:
         stats = Correctness(shapes=len(self.shapes))
         for i in range(len(self.shapes)):
-            for trial in range(self.settings.trials if i == 0 else self.settings.variant_trials):
+            trials = [(t, False) for t in range(self.settings.trials if i == 0 else self.settings.variant_trials)]
+            spreadable = False
+            for trial, spread in trials:
                 seed = derive_seed(self.settings.seed, "trial", i, trial)
-                reasons = self._replay_and_check(i, seed, stats, timed=False)
+                reasons = self._replay_and_check(i, seed, stats, timed=False, spread=spread)
                 if reasons is None:
                     return
+                if spread and self._last_check.get("skipped"):
+                    continue
                 stats.trials += 1
+                stats.spread_trials += spread
                 if reasons:
                     self.result.correctness = stats
+                    what = f"trial {trial + 1}" + (" (inputs drawn from [0, 1) spread to [-1, 1))" if spread else "")
                     return self._finish("incorrect", *self._hidden(
-                        i, "incorrect", *[f"main shape, trial {trial + 1}: {r}" for r in reasons]))
+                        i, "incorrect", *[f"main shape, {what}: {r}" for r in reasons]))
+                spreadable = spreadable or bool(self._last_check.get("spreadable"))
+                if i == 0 and spreadable and trial == len(trials) - 1 and not spread:
+                    trials.append((trial + 1, True))  # one more main-shape trial, on inputs that reach below 0
         self.result.correctness = stats
         self.result.verdict = "correct"
 
     def _replay_and_check(self, i: int, seed: int, stats: Correctness | None, timed: bool,
-                          key: str | None = None) -> list[str] | None:
-        """Fresh inputs, one replay, one comparison. None when the replay itself failed (the verdict is set)."""
+                          key: str | None = None, spread: bool = False) -> list[str] | None:
+        """Fresh inputs, one replay, one comparison. None when the replay itself failed (the verdict is set).
+        spread: inputs drawn from [0, 1) are mapped to [-1, 1) on both sides (tools.inputs.make_inputs)."""
         key = key or self.keys[i]
         shape_key = self.shape_keys[i]
-        reply = self._call(self.executor, 600, "inputs", shape=shape_key, seed=seed)
+        reply = self._call(self.executor, 600, "inputs", shape=shape_key, seed=seed, spread=spread)
         if not self._ok(reply, hidden=i or None):
             return None
         reply = self._call(self.executor, self._run_timeout(), "run", key=key, timed=timed)
         if not self._ok(reply, hidden=i or None, stage="profile" if timed else ""):
             return None
         self._last_run = reply
-        return self._check(i, seed, key, stats)
+        return self._check(i, seed, key, stats, spread)
 
-    def _check(self, i: int, seed: int, key: str, stats: Correctness | None) -> list[str] | None:
+    def _check(self, i: int, seed: int, key: str, stats: Correctness | None,
+               spread: bool = False) -> list[str] | None:
         directory = None
         if not self.session.cuda:  # the jailed executor writes its outputs in a directory of its own making
             directory = self.executor.workdir / "out"
@@ -397,7 +408,9 @@ class Evaluation:
         inputs = [None if name is None else ({"file": name} if directory is not None else name)
                   for name in shared.get("inputs") or []]
         reply = self.session.referee().call(600, cmd="check", shape=self.shape_keys[i], seed=seed, outputs=outputs,
-                                            inputs=inputs, directory=str(directory) if directory else None)
+                                            inputs=inputs, directory=str(directory) if directory else None,
+                                            spread=spread)
+        self._last_check = reply
         if reply.get("status") != "ok":
             self._finish("runtime_error", f"the reference failed: {reply.get('message')}")
             return None

@@ -12,7 +12,7 @@ tools.rules.check_jit_function, rebuilt into a module of our own making), never 
 Commands (JSON lines in, JSON lines out on the control fd), see sandbox/evaluate.py for the caller:
     shape {shape, target_source, overrides}      the target module for one shape
     load {key, plan_dir, shape}                  a plan's kernels and buffers; replies with kernel resources
-    inputs {shape, seed}                         fresh inputs for a shape (same seed, same bits as the referee's)
+    inputs {shape, seed, spread}                 fresh inputs for a shape (same seed, same bits as the referee's)
     run {key, timed}                             poison the plan's allocations, run its steps (timed: cold L2, events)
     share {key, dir}                             outputs and inputs for the referee: IPC handles, or files in dir
     unload {key}
@@ -126,9 +126,9 @@ class Executor:
         return {"status": "ok", "resources": [self._resources(k, plan, kernel)
                                               for k, kernel in zip(plan.kernels, kernels)]}
 
-    def inputs(self, shape: str, seed: int) -> dict:
+    def inputs(self, shape: str, seed: int, spread: bool = False) -> dict:
         self.held.clear()  # free the old set first: at full size two may not fit
-        self.held[shape] = make_inputs(self.shapes[shape], seed)
+        self.held[shape] = make_inputs(self.shapes[shape], seed, spread=bool(spread))
         return {"status": "ok"}
 
     def run(self, key: str, timed: bool = False) -> dict:

@@ -23,7 +23,7 @@ import torch
 
 from sandbox.plan import ITEMSIZE, PlanError, read_untrusted
 from tools import verify
-from tools.inputs import DEVICE, make_inputs
+from tools.inputs import DEVICE, make_inputs, unit_uniform
 from tools.numerics import pin_numeric_flags
 from tools.target import module_from_source
 
@@ -67,17 +67,17 @@ class Referee:
         return {"status": "ok"}
 
     # -- reference outputs ------------------------------------------------------------------------------------------
-    def _inputs(self, shape: str, seed: int) -> list:
+    def _inputs(self, shape: str, seed: int, spread: bool = False) -> list:
         held = self.held.get(shape)
-        if held and held[0] == seed:
+        if held and held[0] == (seed, spread):
             return held[1]
         self.held.clear()  # free the old set before making the new one: at full size two may not fit
-        inputs = make_inputs(self.modules[shape], seed)
-        self.held[shape] = (seed, inputs, [])
+        inputs = make_inputs(self.modules[shape], seed, spread=spread)
+        self.held[shape] = ((seed, spread), inputs, [])
         return inputs
 
-    def _expected(self, shape: str, seed: int) -> list:
-        inputs = self._inputs(shape, seed)
+    def _expected(self, shape: str, seed: int, spread: bool = False) -> list:
+        inputs = self._inputs(shape, seed, spread)
         held = self.held[shape]
         if not held[2]:
             with torch.no_grad():
@@ -89,10 +89,14 @@ class Referee:
         return {"status": "ok", "outputs": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
                                             for t in outputs]}
 
-    def check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None = None) -> dict:
-        """Compare the candidate's outputs with the reference, and its inputs with ours, bit for bit."""
+    def check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None = None,
+              spread: bool = False) -> dict:
+        """Compare the candidate's outputs with the reference, and its inputs with ours, bit for bit.
+        The answer also says whether an input looks drawn from [0, 1) (`spreadable`: a spread trial is worth
+        making); a spread trial whose reference output is not all finite is `skipped` (the op's domain excludes
+        negative inputs: log, sqrt, probabilities), never held against the candidate."""
         try:
-            return self._check(shape, seed, outputs, inputs, directory)
+            return self._check(shape, seed, outputs, inputs, directory, bool(spread))
         finally:
             if self.cuda:
                 self._release_unopened(outputs + inputs)
@@ -111,9 +115,14 @@ class Referee:
         self._opened.clear()
         torch.cuda.ipc_collect()
 
-    def _check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None) -> dict:
-        expected = self._expected(shape, seed)
+    def _check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None,
+               spread: bool) -> dict:
+        expected = self._expected(shape, seed, spread)
         ours = self.held[shape][1]
+        if spread and not all(bool(torch.isfinite(t).all()) for t in expected if t.is_floating_point()):
+            return {"status": "ok", "reasons": [], "stats": {}, "skipped": "the reference is not finite on inputs "
+                    "spread to [-1, 1)"}
+        spreadable = not spread and any(unit_uniform(x) for x in ours)
         if len(outputs) != len(expected):
             return {"status": "ok", "reasons": [f"forward returned {len(outputs)} outputs, the reference returns "
                                                 f"{len(expected)}"], "stats": {}}
@@ -147,7 +156,7 @@ class Referee:
             if not verify.same_bits(seen, x):
                 reasons.append(f"input {i} was modified by forward (inputs must be left unchanged)")
             del seen
-        return {"status": "ok", "reasons": reasons, "stats": stats}
+        return {"status": "ok", "reasons": reasons, "stats": stats, "spreadable": spreadable}
 
     def _open(self, desc: dict, directory: str | None, original: dict | None = None) -> torch.Tensor:
         dtype = desc.get("dtype")

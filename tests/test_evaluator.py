@@ -228,6 +228,49 @@ def test_the_reference_runs_in_training_mode_as_kernelbench_runs_it(session):
     assert r.verdict == "incorrect" and "elements outside" in r.reasons[0], r.reasons
 
 
+UNARY = """import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def unary(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, EXPR, mask=mask)
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, *init_inputs):
+        super().__init__()
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        unary[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+        return out
+"""
+
+
+def test_inputs_drawn_from_0_1_are_also_tried_below_0(session):
+    # ReLU on torch.rand inputs is the identity: a copy passes every trial on the target's own inputs, and is
+    # caught only by the extra main-shape trial on inputs spread to [-1, 1).
+    relu = load_target(str(TARGETS / "kb_relu_rand.py"))
+    copy = judge_source(relu, UNARY.replace("EXPR", "x"), session)
+    assert copy.verdict == "incorrect", copy.reasons
+    assert "spread to [-1, 1)" in copy.reasons[0] and copy.correctness.trials == 6
+    honest = judge_source(relu, UNARY.replace("EXPR", "tl.maximum(x, 0.0)"), session)
+    assert honest.verdict == "correct" and honest.correctness.spread_trials == 1, honest.reasons
+    # log's domain excludes negatives: the reference is NaN there, so the spread trial is skipped, not held against it
+    log = load_target(str(TARGETS / "kb_log_rand.py"))
+    honest_log = judge_source(log, UNARY.replace("EXPR", "tl.log(x + 1e-3) * 0.5"), session)
+    assert honest_log.verdict == "correct" and honest_log.correctness.spread_trials == 0, honest_log.reasons
+    # inputs that already reach below 0 (torch.randn) get no extra trial
+    leaky = load_target(str(TARGETS / "kb_leaky_relu.py"))
+    r = judge_source(leaky, UNARY.replace("EXPR", "tl.where(x > 0, x, x * 0.01)"), session)
+    assert r.verdict == "correct" and r.correctness.spread_trials == 0, r.reasons
+
+
 def test_broken_targets_get_one_clear_line():
     with pytest.raises(TargetError, match="unknown target"):
         load_target("no_such_target")

@@ -7,12 +7,27 @@ import torch
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def make_inputs(module, seed: int) -> list:
-    """Inputs for one call of a target module's Model: seeded, created on the device."""
+def make_inputs(module, seed: int, spread: bool = False) -> list:
+    """Inputs for one call of a target module's Model: seeded, created on the device.
+
+    spread: every floating-point input that looks drawn from [0, 1) (`torch.rand`, as many KernelBench problems
+    draw theirs) is mapped to [-1, 1) by x -> 2x - 1. On [0, 1) ReLU, HardTanh, ELU, LeakyReLU and their kind are
+    the identity, so a plain copy would pass every trial; a kernel must compute the op on any valid input."""
     torch.manual_seed(seed)
     with torch.device(DEVICE):
         inputs = module.get_inputs()
-    return [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
+    inputs = [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
+    if spread:
+        for x in inputs:
+            if unit_uniform(x):
+                x.mul_(2).sub_(1)
+    return inputs
+
+
+def unit_uniform(x) -> bool:
+    """A floating-point tensor of more than one element whose values all lie in [0, 1) (so not a 0/1 mask)."""
+    return (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1
+            and bool(x.min() >= 0) and bool(x.max() < 1))
 
 
 def round_seed(seed: int, round_index: int) -> int:

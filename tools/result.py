@@ -82,6 +82,7 @@ class Counters:
 class Correctness:
     trials: int = 0
     shapes: int = 0
+    spread_trials: int = 0                 # of the trials, those on inputs spread from [0, 1) to [-1, 1)
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
     worst: dict | None = None

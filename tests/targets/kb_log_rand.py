@@ -1,0 +1,20 @@
+"""KernelBench-style op whose domain is positive: log of torch.rand inputs (spread inputs make the reference NaN,
+so a spread trial says nothing and is skipped)."""
+import torch
+import torch.nn as nn
+
+batch_size = 64
+dim = 1536
+
+
+class Model(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x + 1e-3) * 0.5
+
+
+def get_inputs():
+    return [torch.rand(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
