@@ -363,7 +363,7 @@ class Evaluation:
                 stats.spread_trials += spread
                 if reasons:
                     self.result.correctness = stats
-                    what = f"trial {trial + 1}" + (" (inputs drawn from [0, 1) spread to [-1, 1))" if spread else "")
+                    what = f"trial {trial + 1}" + (" (inputs drawn from [0, 1) spread to [-4, 4))" if spread else "")
                     return self._finish("incorrect", *self._hidden(
                         i, "incorrect", *[f"main shape, {what}: {r}" for r in reasons]))
                 spreadable = spreadable or bool(self._last_check.get("spreadable"))
@@ -375,7 +375,7 @@ class Evaluation:
     def _replay_and_check(self, i: int, seed: int, stats: Correctness | None, timed: bool,
                           key: str | None = None, spread: bool = False) -> list[str] | None:
         """Fresh inputs, one replay, one comparison. None when the replay itself failed (the verdict is set).
-        spread: inputs drawn from [0, 1) are mapped to [-1, 1) on both sides (tools.inputs.make_inputs)."""
+        spread: inputs drawn from [0, 1) are mapped to [-4, 4) on both sides (tools.inputs.make_inputs)."""
         key = key or self.keys[i]
         shape_key = self.shape_keys[i]
         reply = self._call(self.executor, 600, "inputs", shape=shape_key, seed=seed, spread=spread)

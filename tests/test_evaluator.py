@@ -254,11 +254,13 @@ class ModelNew(torch.nn.Module):
 
 def test_inputs_drawn_from_0_1_are_also_tried_below_0(session):
     # ReLU on torch.rand inputs is the identity: a copy passes every trial on the target's own inputs, and is
-    # caught only by the extra main-shape trial on inputs spread to [-1, 1).
+    # caught only by the extra main-shape trial on inputs spread to [-4, 4).
     relu = load_target(str(TARGETS / "kb_relu_rand.py"))
     copy = judge_source(relu, UNARY.replace("EXPR", "x"), session)
     assert copy.verdict == "incorrect", copy.reasons
-    assert "spread to [-1, 1)" in copy.reasons[0] and copy.correctness.trials == 6
+    assert "spread to [-4, 4)" in copy.reasons[0] and copy.correctness.trials == 6
+    hardtanh = load_target(str(TARGETS / "kb_hardtanh_rand.py"))  # the identity on [-1, 1): the spread goes wider
+    assert judge_source(hardtanh, UNARY.replace("EXPR", "x"), session).verdict == "incorrect"
     honest = judge_source(relu, UNARY.replace("EXPR", "tl.maximum(x, 0.0)"), session)
     assert honest.verdict == "correct" and honest.correctness.spread_trials == 1, honest.reasons
     # log's domain excludes negatives: the reference is NaN there, so the spread trial is skipped, not held against it

@@ -5,14 +5,16 @@ from __future__ import annotations
 import torch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+SPREAD = (-4.0, 4.0)  # where make_inputs(spread=True) maps inputs drawn from [0, 1); exact in binary floating point
 
 
 def make_inputs(module, seed: int, spread: bool = False) -> list:
     """Inputs for one call of a target module's Model: seeded, created on the device.
 
     spread: every floating-point input that looks drawn from [0, 1) (`torch.rand`, as many KernelBench problems
-    draw theirs) is mapped to [-1, 1) by x -> 2x - 1. On [0, 1) ReLU, HardTanh, ELU, LeakyReLU and their kind are
-    the identity, so a plain copy would pass every trial; a kernel must compute the op on any valid input."""
+    draw theirs) is mapped to [-4, 4) by x -> 8x - 4. On [0, 1) ReLU, ELU, LeakyReLU and their kind are the identity,
+    and HardTanh is on [-1, 1) (HardSigmoid is linear on [-3, 3)), so a plain copy or a linear map would pass every
+    trial; a kernel must compute the op on any valid input."""
     torch.manual_seed(seed)
     with torch.device(DEVICE):
         inputs = module.get_inputs()
@@ -20,7 +22,7 @@ def make_inputs(module, seed: int, spread: bool = False) -> list:
     if spread:
         for x in inputs:
             if unit_uniform(x):
-                x.mul_(2).sub_(1)
+                x.mul_(SPREAD[1] - SPREAD[0]).add_(SPREAD[0])
     return inputs
 
 
