@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(if $(HAS_TORCH),--system-site-packages) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(HAS_TORCH),,$(PY) -m pip install -q torch==2.13.0)
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,data-test]"
 	touch $@
 
 demo: setup

@@ -659,18 +659,11 @@ CHAT_TEMPLATE = (  # a ChatML-like template with tool calls and generation marke
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("assistant_only_loss", [False, True])
-def test_trl_sft_trains_on_the_verified_turn_only(runs_db, tmp_path, assistant_only_loss):
-    """TRL's SFTTrainer on the trl export, with a byte-level tokenizer and a one-layer random model made here."""
-    pytest.importorskip("trl")
-    transformers = pytest.importorskip("transformers")
+def tiny_model():
+    """A byte-level tokenizer with CHAT_TEMPLATE and a one-layer random Llama, made here (nothing from a hub)."""
+    import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from trl import SFTConfig, SFTTrainer
 
-    db, _ = runs_db
-    out = tmp_path / "trl.jsonl"
-    assert run_export(db, out, "--format", "trl").exit_code == 0
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -682,6 +675,21 @@ def test_trl_sft_trains_on_the_verified_turn_only(runs_db, tmp_path, assistant_o
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=16384))
+    return tokenizer, model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("assistant_only_loss", [False, True])
+def test_trl_sft_trains_on_the_verified_turn_only(runs_db, tmp_path, assistant_only_loss):
+    """TRL's SFTTrainer on the trl export, with a byte-level tokenizer and a one-layer random model made here."""
+    pytest.importorskip("trl")
+    pytest.importorskip("transformers")
+    from trl import SFTConfig, SFTTrainer
+
+    db, _ = runs_db
+    out = tmp_path / "trl.jsonl"
+    assert run_export(db, out, "--format", "trl").exit_code == 0
+    tokenizer, model = tiny_model()
     rows = load(out)
     dataset = rows.remove_columns([c for c in rows.column_names if c not in ("prompt", "completion", "tools")])
     # one token per byte here, so max_length is in characters: the export's longest row, and some room for the template
@@ -702,6 +710,65 @@ def test_trl_sft_trains_on_the_verified_turn_only(runs_db, tmp_path, assistant_o
         assert "# Target" not in trained and "### Attempt" not in trained   # the context is not
     trainer.train()
     assert trainer.state.global_step == 2
+
+
+@pytest.mark.slow
+def test_kto_trains_on_the_label_column(runs_db, tmp_path):
+    """TRL's KTOTrainer takes `--all-verdicts` rows as they are: prompt, completion and a boolean label."""
+    pytest.importorskip("trl")
+    pytest.importorskip("transformers")
+    from trl import KTOConfig, KTOTrainer
+
+    db, _ = runs_db
+    out = tmp_path / "kto.jsonl"
+    assert run_export(db, out, "--format", "trl", "--all-verdicts").exit_code == 0
+    rows = load(out)
+    assert sorted(rows["label"]) == [False, True, True]   # a failed submission is an undesirable example
+    tokenizer, model = tiny_model()
+    dataset = rows.remove_columns([c for c in rows.column_names if c not in ("prompt", "completion", "label")])
+    longest = max(len(json.dumps(r["prompt"])) + len(json.dumps(r["completion"])) for r in rows)
+    args = KTOConfig(output_dir=str(tmp_path / "kto"), max_steps=1, per_device_train_batch_size=2,
+                     max_length=longest + 512, report_to=[], save_strategy="no", use_cpu=True)
+    import copy
+    trainer = KTOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, train_dataset=dataset,
+                         processing_class=tokenizer)
+    assert len(trainer.train_dataset) == len(rows)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+@pytest.mark.slow
+def test_grpo_step_with_kloops_reward_function(runs_db, tmp_path):
+    """GRPOTrainer, one step, with agent.reward.trl_reward: the rl rows' reference_source reaches the reward
+    function, which judges each generated completion through the evaluator (a random model writes no kernel:
+    every completion is a zero-reward format error)."""
+    pytest.importorskip("trl")
+    pytest.importorskip("transformers")
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agent import reward
+
+    db, ids = runs_db
+    out = tmp_path / "rl.jsonl"
+    assert run_export(db, out, "--format", "rl", "--run", ids["anthropic"]).exit_code == 0
+    rows = load(out)
+    seen = []
+
+    def kloop_reward(prompts=None, completions=None, reference_source=None, **kwargs):
+        seen.append((len(completions), set(reference_source)))
+        return reward.trl_reward(prompts=prompts, completions=completions, reference_source=reference_source)
+
+    tokenizer, model = tiny_model()
+    dataset = rows.select(range(2)).remove_columns(
+        [c for c in rows.column_names if c not in ("prompt", "reference_source")])
+    args = GRPOConfig(output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=2,
+                      num_generations=2, max_completion_length=16, report_to=[], save_strategy="no", use_cpu=True)
+    trainer = GRPOTrainer(model=model, reward_funcs=[kloop_reward], args=args, train_dataset=dataset,
+                          processing_class=tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert seen and all(n == 2 and sources == {TARGET} for n, sources in seen)
+    assert trainer.state.log_history[0]["reward"] == 0.0
 
 
 @pytest.mark.slow
