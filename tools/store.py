@@ -279,10 +279,6 @@ class Store:
                 self.add_message(run_id, message, attempt_id=attempt_id, branch=row["branch"], turn=row.get("turn"))
         return attempt_id
 
-    def update_attempt(self, attempt_id: int, **cols: Any) -> None:
-        with self._write():
-            self.db["attempts"].update(attempt_id, _check(cols, ATTEMPT_COLUMNS))
-
     def get_attempt(self, attempt_id: int) -> dict:
         rows = self._select("SELECT * FROM attempts WHERE id = ?", [attempt_id])
         if not rows:
