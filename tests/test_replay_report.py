@@ -17,7 +17,7 @@ from tools.store import open_db
 def cli() -> typer.Typer:
     app = typer.Typer()
     app.command("report")(cmd_data.report_command)
-    app.command("replay")(cmd_data.replay_command)
+    app.command("replay")(cmd_data.reverify_command)
     return app
 
 
@@ -213,7 +213,7 @@ def test_replay_times_on_gpu(tmp_path):
     """On a GPU the re-verified attempt carries real timings and speedups, and the table shows them."""
     from rich.console import Console
 
-    from agent.reverify import NOT_TIMED, comparison_table, replay
+    from agent.reverify import NOT_TIMED, comparison_table, reverify
 
     honest = (HERE / "candidates" / "honest_add.py").read_text()
     db = tmp_path / "kloop.db"
@@ -222,7 +222,7 @@ def test_replay_times_on_gpu(tmp_path):
                               policy="offline", gpu_name=GPU["name"])
     store.update_run(run_id, best_attempt_id=store.add_attempt(run_id, **attempt_columns("correct", honest, 15.0)))
     store.close()
-    outcome = replay(run_id, db, "best")
+    outcome = reverify(run_id, db, "best")
     new = outcome.rows[0].new
     assert outcome.new_gpu and new["verdict"] == "correct"
     assert new["time_us"]["median"] > 0 and new["speedup_eager"] > 0 and new["result"]["executed_on"] == "cuda"
