@@ -386,9 +386,8 @@ def beats(result: EvalResult, best: dict) -> bool:
 
 
 def machine_facts(result: EvalResult, run: dict) -> dict:
-    """Run columns filled from the first result that has them (GPU, versions, flags, baselines)."""
-    gpu = result.gpu or {}
+    """Run columns filled from the first result that has them (versions, numeric flags, baselines). The GPU
+    columns are not among them: agent.run writes those, once, when the run starts (gpu_facts)."""
     baselines = {k: v.__dict__ for k, v in result.baselines.items()} if result.baselines else None
-    facts = {"gpu_name": gpu.get("name"), "driver": gpu.get("driver"), "cuda": gpu.get("cuda"),
-             "versions": result.versions, "numeric_flags": result.numeric_flags, "baselines": baselines}
+    facts = {"versions": result.versions, "numeric_flags": result.numeric_flags, "baselines": baselines}
     return {k: v for k, v in facts.items() if v and not run.get(k)}

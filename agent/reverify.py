@@ -101,6 +101,7 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
              out_db: str | os.PathLike | None = None) -> ReverifyOutcome:
     """Evaluate the chosen attempts again (fresh secret seed unless `settings` says otherwise) and store them as a
     new run in `out_db` (None: in db_path itself). db_path is only read unless it is out_db."""
+    from agent.run import gpu_facts
     from sandbox.evaluate import EvalSettings, Session
 
     settings = settings or EvalSettings()   # one secret seed for the whole re-verification
@@ -124,6 +125,7 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
         source.close()
         raise
     try:
+        gpu = gpu_facts()   # this machine's, written when the new run is made (as agent.run does for a loop run)
         chosen = select_attempts(source, run, which)
         if not chosen:
             raise ReverifyError(f"run {run_id} has no {'' if which == 'all' else which + ' '}attempt to replay")
@@ -135,7 +137,7 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
                 settings={**(run.get("settings") or {}), "replay_attempts": which,
                           **({} if in_place else {"replay_of_db": str(Path(db_path).resolve())})},
                 parent_run_id=run_id, parent_kind="reverify", notes=f"re-verification of run {run_id}",
-                isolation=session.isolation)
+                isolation=session.isolation, **gpu_columns(gpu))
             rows = []
             try:
                 for old in chosen:
@@ -153,13 +155,11 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
                 store.update_run(new_run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
                                  notes=f"replay of {run_id} interrupted: {type(e).__name__}: {e}")
                 raise
-        gpu = (rows[0].new["result"].get("gpu") or {}) if rows else {}
         # The re-verified run's best is the old best's counterpart, if it still holds up.
         old_best = source.best_attempt(run_id)
         best = next((a for a in store.attempts(new_run_id) if old_best and a["number"] == old_best["number"]
                      and a["verdict"] == "correct"), None)
         store.update_run(new_run_id, status="finished", finished_at=now(), best_attempt_id=best["id"] if best else None,
-                         **gpu_columns(gpu or None),
                          versions=rows[0].new["result"].get("versions"),
                          numeric_flags=rows[0].new["result"].get("numeric_flags"),
                          baselines=rows[0].new["result"].get("baselines"))
@@ -167,7 +167,7 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
         store.close()
         if not in_place:
             source.close()
-    return ReverifyOutcome(run_id, new_run_id, rows, run.get("gpu_name"), gpu.get("name"), store.path)
+    return ReverifyOutcome(run_id, new_run_id, rows, run.get("gpu_name"), (gpu or {}).get("name"), store.path)
 
 
 # -- display ---------------------------------------------------------------------------------------------------------
