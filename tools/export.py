@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tools.result import EvalResult
-from tools.store import Store, StoreError, open_db
+from tools.store import Store, StoreError, fastest_key, open_db
 
 FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
 TRAIN_ON = ("final", "all-correct")
@@ -594,11 +594,6 @@ def breaks_rules(attempt: dict) -> bool:
     return attempt.get("verdict") == "rejected" and bool((attempt.get("source") or "").strip())
 
 
-def _best(attempts: list[dict]) -> dict:
-    """Fastest over eager; without timings the earliest (the shortest trajectory to a working kernel)."""
-    return max(attempts, key=lambda a: (a.get("speedup_eager") or 0.0, -a["number"]))
-
-
 def _clean_branches(attempts: list[dict], options: ExportOptions) -> dict[int, list[dict]]:
     """The run's attempts by branch, leaving out branches with a rule-breaking attempt unless asked for."""
     branches: dict[int, list[dict]] = {}
@@ -658,9 +653,8 @@ class _Builder:
         if options.train_on == "final":
             if options.all_verdicts:
                 chosen = [chosen[-1]]
-            else:
-                best = _best([t.attempt for t in chosen])
-                chosen = [next(t for t in chosen if t.attempt is best)]
+            else:   # the fastest; without timings the earliest (the shortest trajectory to a working kernel)
+                chosen = [min(chosen, key=lambda t: fastest_key(t.attempt))]
         fresh = []
         for turn in chosen:
             key = _kernel_key(run, turn.attempt)
@@ -768,9 +762,9 @@ class _Builder:
         pool = [a for a in attempts if _qualifies(a, self.options) and (a.get("source") or "").strip()]
         if not pool:
             return
-        if self.options.format == "kernelbook":   # one row per run: its best verified kernel (else its last)
+        if self.options.format == "kernelbook":   # one row per run: its fastest verified kernel (else its last)
             correct = [a for a in pool if a.get("verdict") == "correct"]
-            pool = [_best(correct)] if correct else [pool[-1]]
+            pool = [min(correct, key=fastest_key)] if correct else [pool[-1]]
         for attempt in pool:
             key = _kernel_key(run, attempt)
             if key in self.trained:

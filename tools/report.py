@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tools.store import StoreError, open_db
+from tools.store import StoreError, fastest_key, open_db
 
 NO_TIMING_NOTE = "no timing: this run had no CUDA GPU (Triton interpreter on CPU)"
 NO_TIMING_SENTENCE = ("No attempt of this run was timed (it ran without a CUDA GPU, under the Triton interpreter), "
@@ -308,7 +308,7 @@ def write_report(run_id: str, db_path: str | os.PathLike, out_dir: str | os.Path
         except StoreError as e:
             raise ReportError(str(e)) from None
         attempts = store.attempts(run_id)
-        best = store.get_attempt(run["best_attempt_id"]) if run.get("best_attempt_id") else store.best_attempt(run_id)
+        best = store.best_attempt(run_id)
     finally:
         store.close()
     out_dir = Path(out_dir)
@@ -334,7 +334,8 @@ def write_report(run_id: str, db_path: str | os.PathLike, out_dir: str | os.Path
 # -- leaderboard -----------------------------------------------------------------------------------------------------
 
 def leaderboard(db_paths: list[str | os.PathLike]) -> list[dict]:
-    """The best verified kernel per target across databases (fastest over eager; untimed ones rank last)."""
+    """Per target across databases, the fastest of the runs' best kernels (tools.store.fastest_key: untimed ones
+    last; of equals, the first met: the newest run of the first database)."""
     best_by_target: dict[str, dict] = {}
     for db_path in db_paths:
         store = _open(db_path)
@@ -349,13 +350,8 @@ def leaderboard(db_paths: list[str | os.PathLike]) -> list[dict]:
                          "speedup_compile": attempt.get("speedup_compile"),
                          "sol_fraction": attempt.get("sol_fraction"), "gpu": run.get("gpu_name")}
                 current = best_by_target.get(entry["target"])
-                if current is None or _rank(entry) > _rank(current):
+                if current is None or fastest_key(entry) < fastest_key(current):
                     best_by_target[entry["target"]] = entry
         finally:
             store.close()
     return [best_by_target[t] for t in sorted(best_by_target, key=str)]
-
-
-def _rank(entry: dict) -> tuple:
-    speedup = entry["speedup_eager"]
-    return (speedup is not None, speedup or 0.0)
