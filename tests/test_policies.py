@@ -1,17 +1,20 @@
 """Model policies against real HTTP servers on loopback, the prompts they build, inspection tools and replay."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agent import prompting
 from agent.inspect_tools import TOOLS, openai_tools, run_tool
 from agent.policies.anthropic import AnthropicPolicy, cost_usd
 from agent.policies.openai import OpenAIPolicy
-from agent.policies.replay import ReplayPolicy
+from agent.policies.replay import ReplayPolicy, candidate_from_response
 from agent.policy import AttemptView, PolicyError, ProposeContext
 from fakes import anthropic_server as fa
 from fakes import openai_server as fo
 from tools.result import EvalResult
+from tools.export import model_turns
 from tools.store import open_db
 
 TARGET = '''import torch
@@ -437,6 +440,34 @@ def test_replay_reproduces_the_logged_candidates_in_order(store):
     assert proposals[2].done and not proposals[2].source
     assert replay.propose(context(branch=1)).language == "ptx"
     assert replay.propose(context(branch=1)).done
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_the_live_policy_the_replay_policy_and_export_read_an_answer_alike(provider):
+    """One wire module per provider (tools/wire/): the candidate the live policy proposed is the one the replay
+    policy and export read back from its logged messages, and its text and thinking reach the export whole."""
+    if provider == "anthropic":
+        server = fa.ScriptedServer([fa.message(fa.thinking("vectorize"), fa.text("One block per program."),
+                                               fa.tool_use("submit_candidate", submit(rationale="masked")))])
+        make = anthropic_policy
+    else:
+        server = fo.ScriptedServer([fo.completion("One block per program.",
+                                                  [fo.tool_call("submit_candidate", submit(rationale="masked"))])])
+        make = openai_policy
+    with server:
+        proposal = make(server).propose(context([view(1)]))
+    assert (proposal.language, proposal.source, proposal.reasoning) == ("triton", TRITON, "masked")
+    request, response = [{"role": m.role, "provider": m.provider, "content": json.loads(json.dumps(m.content)),
+                          "attempt_id": 7} for m in proposal.messages]
+    replayed = candidate_from_response(response["provider"], response["content"])
+    assert (replayed.language, replayed.source, replayed.rationale) == ("triton", TRITON, "masked")
+    (turn,) = model_turns([{"id": 7, "number": 1}], [request, response])
+    assert turn.completion["content"] == "One block per program."
+    assert turn.completion.get("reasoning_content") == ("vectorize" if provider == "anthropic" else None)
+    (call,) = turn.completion["tool_calls"]
+    assert call["function"] == {"name": "submit_candidate", "arguments": submit(rationale="masked")}
+    assert turn.prompt[0]["role"] == "system" and "class Model" in turn.prompt[1]["content"]
+    assert [t["function"]["name"] for t in turn.tools] == [t["name"] for t in TOOLS]
 
 
 def test_replay_of_unknown_or_empty_run_is_policy_error(store):
