@@ -53,7 +53,7 @@ TOOLS: list[dict] = [
     },
     {
         "name": "best_kernel",
-        "description": "The fastest verified attempt of this run: its number, timing, speedups and source.",
+        "description": "The best verified attempt of this run so far: its number, timing, speedups and source.",
         "input_schema": {"type": "object", "properties": {}},
     },
 ]
