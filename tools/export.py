@@ -41,7 +41,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from tools.result import EvalResult
 from tools import wire
 from tools.store import Store, StoreError, fastest_key, open_db
 from tools.wire import SUBMIT
