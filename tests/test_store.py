@@ -2,6 +2,7 @@ import sqlite3
 
 import pytest
 
+import evaluated
 from agent.policy import Message
 from tools.result import EvalResult
 from tools.store import (ATTEMPT_COLUMNS, FASTEST_ORDER, SCHEMA_VERSION, StoreError, attempt_columns, fastest_key,
@@ -156,13 +157,14 @@ def test_a_v1_file_from_before_runs_gpu_gains_the_column_on_a_writable_open(tmp_
 
 
 def test_attempt_columns_maps_an_evaluator_result():
-    result = {"verdict": "correct", "language": "triton", "reasons": [], "speedup": {"eager": 2.0, "compile": 1.5},
-              "roofline": {"sol_fraction": 0.7, "bound": "memory"}, "time_us": {"median": 3.0},
-              "durations_s": {"total": 1.2}, "stdout": "hi", "gpu": {"name": "NVIDIA H200"}}
-    columns = attempt_columns(EvalResult.from_dict(result))
-    assert (columns["speedup_eager"], columns["speedup_compile"], columns["sol_fraction"]) == (2.0, 1.5, 0.7)
+    result = evaluated.result("correct", 3.0, eager_us=6.0, compile_us=4.5, gpu=evaluated.H200,
+                              nbytes=int(0.7 * 3.0 * 4800e3), durations_s={"total": 1.2}, stdout="hi")
+    columns = attempt_columns(result)
+    assert (columns["speedup_eager"], columns["speedup_compile"], columns["sol_fraction"]) == pytest.approx(
+        (2.0, 1.5, 0.7))
     assert columns["durations"] == {"total": 1.2} and columns["stdout"] == "hi"
-    assert columns["result"]["gpu"] == {"name": "NVIDIA H200"} and columns["result"]["time_us"]["median"] == 3.0
+    assert columns["result"]["gpu"]["name"] == "NVIDIA H200" and columns["result"]["time_us"]["median"] == 3.0
+    assert EvalResult.from_dict(columns["result"]) == result   # the result column reads back whole
     assert set(columns) <= set(ATTEMPT_COLUMNS)
     assert attempt_columns(EvalResult(verdict="format_error", reasons=["no code"]))["speedup_eager"] is None
 
