@@ -1,6 +1,6 @@
-"""The docs checked against the code, as sqlite-utils tests its docs: docs/design.md's lists of EvalResult fields,
-Proposal fields and run-database columns against the dataclasses and the schema `open_db` creates, and the README's
-SQL against a database kloop made. A field or column added, renamed or dropped fails here until the docs say so."""
+"""The docs checked against the code, as sqlite-utils tests its docs: docs/design.md's first screen against the
+folder tree, its lists of EvalResult fields, Proposal fields and run-database columns against the dataclasses and
+the schema `open_db` creates, and the README's SQL against a database kloop made. A field or column added, renamed or dropped fails here until the docs say so."""
 from __future__ import annotations
 
 import dataclasses
@@ -41,6 +41,21 @@ def documented_columns(table: str) -> dict[str, bool]:
         words = item.split()
         columns[words[0]] = "json" in words[1:]
     return columns
+
+
+@pytest.mark.parametrize("layer", ["agent", "sandbox", "tools"])
+def test_the_first_screen_names_every_module(layer):
+    """docs/design.md's first screen is the architecture: every module and package of each layer is on it
+    (the command modules as cmd_*.py)."""
+    screen = DESIGN.split("```", 2)[1]
+    missing = []
+    for path in sorted((REPO / layer).iterdir()):
+        if path.name.startswith(("_", ".")) or not (path.is_dir() or path.suffix == ".py"):
+            continue
+        name = "cmd_*.py" if path.name.startswith("cmd_") else f"{path.name}/" if path.is_dir() else path.stem
+        if not re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", screen):
+            missing.append(f"{layer}/{path.name}")
+    assert not missing, f"not on docs/design.md's first screen: {', '.join(missing)}"
 
 
 def test_the_evalresult_fields_are_the_documented_ones():
