@@ -105,15 +105,21 @@ def takes_the_lead(result: EvalResult, best: dict | None) -> bool:
     return result.median_us is not None and (best_median is None or result.median_us < best_median)
 
 
-def best_after(attempts: list[dict]) -> dict | None:
-    """The run's best as the loop held it after these attempts (rows in number order): takes_the_lead replayed on
-    their logged results. For logged runs seen in part (export's rebuilt conversations); a whole run's best is
-    runs.best_attempt_id."""
-    best = None
+def best_so_far(attempts: list[dict]) -> list[dict | None]:
+    """The run's best as the loop held it after each of these attempts (rows in number order): takes_the_lead
+    replayed on their logged results. For logged runs seen attempt by attempt (the report's best-so-far line,
+    export's rebuilt conversations); a whole run's best is runs.best_attempt_id."""
+    best, out = None, []
     for row in attempts:
         if takes_the_lead(EvalResult.from_dict(row.get("result")), best):
             best = row
-    return best
+        out.append(best)
+    return out
+
+
+def best_after(attempts: list[dict]) -> dict | None:
+    """The run's best as the loop held it after these attempts (rows in number order)."""
+    return best_so_far(attempts)[-1] if attempts else None
 
 
 def fastest_key(attempt) -> tuple:
