@@ -66,7 +66,7 @@ app.command("resume")(cmd_loop.resume_command)
 app.command("runs")(cmd_loop.runs_command)
 app.command("show")(cmd_loop.show_command)
 app.command("export")(cmd_data.export_command)
-app.command("replay")(cmd_data.replay_command)
+app.command("replay")(cmd_data.reverify_command)  # re-verify logged attempts
 app.command("report")(cmd_data.report_command)
 app.command("bench")(cmd_bench.bench_command)
 app.command("serve")(cmd_serve.serve_command)

@@ -45,7 +45,7 @@ def export_command(
     console.print(f"files: {', '.join(summary.files)}", highlight=False)
 
 
-def replay_command(
+def reverify_command(
     run_id: str = typer.Argument(..., help="the run whose attempts to re-verify"),
     db: Path = typer.Option(DEFAULT_DB, "--db", help="run database to read (opened read-only unless --in-place)"),
     attempts: str = typer.Option("best", help="best, correct or all"),
@@ -55,7 +55,7 @@ def replay_command(
     """Re-verify and re-time a run's attempts on this machine; store them as a new linked run and compare. The
     database read is never written to unless --in-place (or --out-db names it)."""
     from agent.output import make_console
-    from agent.reverify import ReplayError, comparison_table, replay
+    from agent.reverify import ReverifyError, comparison_table, reverify
 
     console = make_console()
 
@@ -63,8 +63,8 @@ def replay_command(
         console.print(f"attempt {row.number}: {row.new['verdict']}", highlight=False)
 
     try:
-        outcome = replay(run_id, db, attempts, on_attempt=progress, out_db=db if in_place else out_db)
-    except ReplayError as e:
+        outcome = reverify(run_id, db, attempts, on_attempt=progress, out_db=db if in_place else out_db)
+    except ReverifyError as e:
         fail(str(e))
     console.print(comparison_table(outcome))
     n = len(outcome.disagreements)

@@ -6,14 +6,15 @@ import os
 import typer
 
 from agent.output import fail
+from agent.serve import DEFAULT_DB, DEFAULT_PORT  # the module's top imports only the standard library
 
 
 def serve_command(
     host: str = typer.Option("127.0.0.1", help="Address to listen on. Anything but a loopback address needs --token."),
-    port: int = typer.Option(8765, min=0, max=65535, help="Port (0: any free one; the first line printed says which)."),
+    port: int = typer.Option(DEFAULT_PORT, min=0, max=65535, help="Port (0: any free one; the first line printed says which)."),
     token: str = typer.Option(None, envvar="KLOOP_SERVE_TOKEN", show_envvar=True,
                               help="Bearer token every request but GET /v1/health must carry."),
-    db: str = typer.Option("runs/serve.db", help="SQLite file of the queue and the answers (kept across restarts)."),
+    db: str = typer.Option(DEFAULT_DB, help="SQLite file of the queue and the answers (kept across restarts)."),
     workers: int = typer.Option(2, min=1, help="Worker processes on CPU, each with an evaluator session of its own."),
     gpus: str = typer.Option(None, help="all, or GPU indices (0,1,...): one worker per GPU, instead of --workers."),
     queue: int = typer.Option(64, min=1, help="Requests that may wait for a worker; beyond that 429 with Retry-After."),

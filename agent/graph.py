@@ -27,7 +27,7 @@ from agent.output import duration, plural
 from agent.policy import AttemptView, Message, Policy, PolicyError, Proposal, ProposeContext
 from agent.strategies import cell_of_result, choose
 from tools.result import FAILED, EvalResult
-from tools.store import Store, attempt_columns, now
+from tools.store import Store, attempt_columns, now, takes_the_lead
 
 # The graph's own verdict for a turn whose answer carried no usable candidate (not one of the evaluator's six).
 FORMAT_ERROR = "format_error"
@@ -274,7 +274,7 @@ class Loop:
         """One transaction: the attempt, its messages, the run's best and (first time seen) its machine facts."""
         r, proposal = live.result, live.proposal
         best = self.store.best_attempt(self.run_id)
-        new_best = r.correct and (best is None or beats(r, best))
+        new_best = takes_the_lead(r, best)
         if new_best and best is not None and r.vs_best is None and r.median_us is not None:
             r.flags.append("new_best_unpaired")  # the standing best could not be re-timed beside it (a resumed run)
         columns = attempt_columns(r)
@@ -376,19 +376,9 @@ def attempt_view(row: dict) -> AttemptView:
         result=EvalResult.from_dict(row["result"]))
 
 
-def beats(result: EvalResult, best: dict) -> bool:
-    """Whether a correct result takes the standing best's place: only by winning the paired re-measurement when
-    there was one; else (the best's plans are gone, or it was never timed) by its own median."""
-    if result.vs_best is not None:
-        return result.vs_best.outcome == "faster"
-    best_median = (best.get("time_us") or {}).get("median")
-    return result.median_us is not None and (best_median is None or result.median_us < best_median)
-
-
 def machine_facts(result: EvalResult, run: dict) -> dict:
-    """Run columns filled from the first result that has them (GPU, versions, flags, baselines)."""
-    gpu = result.gpu or {}
+    """Run columns filled from the first result that has them (versions, numeric flags, baselines). The GPU
+    columns are not among them: agent.run writes those, once, when the run starts (gpu_facts)."""
     baselines = {k: v.__dict__ for k, v in result.baselines.items()} if result.baselines else None
-    facts = {"gpu_name": gpu.get("name"), "driver": gpu.get("driver"), "cuda": gpu.get("cuda"),
-             "versions": result.versions, "numeric_flags": result.numeric_flags, "baselines": baselines}
+    facts = {"versions": result.versions, "numeric_flags": result.numeric_flags, "baselines": baselines}
     return {k: v for k, v in facts.items() if v and not run.get(k)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 
-SUBMIT = "submit_candidate"
+from tools.wire import SUBMIT
 # A PTX or SASS dump of a big kernel can run to megabytes; the model gets the head and is told so.
 MAX_RESULT_CHARS = 40_000
 
@@ -53,7 +53,7 @@ TOOLS: list[dict] = [
     },
     {
         "name": "best_kernel",
-        "description": "The fastest verified attempt of this run: its number, timing, speedups and source.",
+        "description": "The best verified attempt of this run so far: its number, timing, speedups and source.",
         "input_schema": {"type": "object", "properties": {}},
     },
 ]

@@ -109,19 +109,20 @@ def after_run(store, run_id: str, policy, settings: dict, target=None) -> list[s
 
 
 def remember_tunings(memory, store, run: dict, attempts: list[dict], features: dict) -> list[str]:
-    """Per offline template, the best verified attempt's tunables (fastest; untimed: the first verified)."""
+    """Per offline template, the tunables of its fastest verified attempt (tools.store.fastest_key: untimed, the
+    first verified)."""
     from agent.policies.offline import read_marker
-    from agent.strategies import fitness_key
+    from tools.store import fastest_key
 
-    best: dict[str, dict] = {}
+    fastest: dict[str, dict] = {}
     for a in attempts:
         marker = read_marker(a["source"] or "")
         if a["verdict"] != "correct" or not marker or marker.get("ptx_edit") or not marker.get("template"):
             continue
-        if marker["template"] not in best or fitness_key(a) > fitness_key(best[marker["template"]]):
-            best[marker["template"]] = a
+        if marker["template"] not in fastest or fastest_key(a) < fastest_key(fastest[marker["template"]]):
+            fastest[marker["template"]] = a
     lines = []
-    for template, a in best.items():
+    for template, a in fastest.items():
         values = read_marker(a["source"])["values"]
         executed_on = (a.get("result") or {}).get("executed_on")
         gpu = features["gpu"] if executed_on == "cuda" else CPU

@@ -286,11 +286,12 @@ def export_prompts():
     """The wording tools.export uses to rebuild an offline-policy run as the conversation a model would have had."""
     from agent.inspect_tools import SUBMIT, TOOLS, openai_tools
     from tools.export import Prompts
+    from tools.store import best_after
 
     def turn(run: dict, gpu: dict | None, history: list[dict], number: int) -> str:
         views = [attempt_view(row, with_source=True) for row in history]
-        correct = [v for v in views if v.verdict == "correct"]
-        best = max(correct, key=lambda v: (v.speedup_eager or 0.0, -v.number)) if correct else None
+        best_row = best_after(history)   # the best as the loop held it then, by its own rule
+        best = next(v for v in views if v.id == best_row["id"]) if best_row else None
         ctx = ProposeContext(run_id=run["id"], branch=views[-1].branch if views else 0, turn=number,
                              target_name=run.get("target_name") or "", target_source=run.get("target_source") or "",
                              language=(run.get("settings") or {}).get("language") or "auto", gpu=gpu, history=views,

@@ -1,11 +1,11 @@
 """Re-verify and re-time a run's logged attempts on this machine, as a new run linked to the old one.
 
-The logged target source (not whatever the target file says today) is what gets evaluated, so a replay checks the
-same problem the run solved. The new run has parent_run_id = the old run, parent_kind 'reverify', and keeps the old
+The logged target source (not whatever the target file says today) is what gets evaluated, so a re-verification
+checks the same problem the run solved. The new run has parent_run_id = the old run, parent_kind 'reverify', and keeps the old
 attempt numbers, so old and new attempts pair up by number. The database read is opened read-only: the new run goes
 into `out_db` (which may be the same file only when the caller says so: kloop replay --in-place).
 
-    >>> outcome = replay("a1b2c3d4", "results/bench-h200-part1.db", "best", out_db="runs/kloop.db")
+    >>> outcome = reverify("a1b2c3d4", "results/bench-h200-part1.db", "best", out_db="runs/kloop.db")
     >>> outcome.disagreements
     [(7, 'time 12.1 us -> 15.9 us (+31%)')]
 """
@@ -25,12 +25,12 @@ TIME_IQR_FACTOR = 3.0       # ... as are timings within 3x their combined spread
 NOT_TIMED = "not timed (no GPU)"
 
 
-class ReplayError(Exception):
-    """The replay cannot be done as asked: one line for the user."""
+class ReverifyError(Exception):
+    """The re-verification cannot be done as asked: one line for the user."""
 
 
 @dataclass
-class ReplayRow:
+class ReverifiedAttempt:
     number: int
     old: dict                                   # the logged attempt row
     new: dict                                   # the new attempt's columns
@@ -38,10 +38,10 @@ class ReplayRow:
 
 
 @dataclass
-class ReplayOutcome:
+class ReverifyOutcome:
     run_id: str
     new_run_id: str
-    rows: list[ReplayRow]
+    rows: list[ReverifiedAttempt]
     old_gpu: str | None
     new_gpu: str | None
     out_db: Path | None = None                  # where the new run was written
@@ -80,13 +80,13 @@ def _target_from_source(run: dict, directory: Path):
     from tools.target import TargetError, load_target
 
     if not run.get("target_source"):
-        raise ReplayError(f"run {run['id']} has no stored target source to replay against")
+        raise ReverifyError(f"run {run['id']} has no stored target source to replay against")
     path = directory / f"{run.get('target_name') or 'target'}.py"
     path.write_text(run["target_source"])
     try:
         return load_target(str(path))
     except TargetError as e:
-        raise ReplayError(str(e)) from None
+        raise ReverifyError(str(e)) from None
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
@@ -96,22 +96,23 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return a.resolve() == b.resolve()
 
 
-def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", settings=None,
-           on_attempt: Callable[[ReplayRow], None] = lambda row: None,
-           out_db: str | os.PathLike | None = None) -> ReplayOutcome:
+def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", settings=None,
+             on_attempt: Callable[[ReverifiedAttempt], None] = lambda row: None,
+             out_db: str | os.PathLike | None = None) -> ReverifyOutcome:
     """Evaluate the chosen attempts again (fresh secret seed unless `settings` says otherwise) and store them as a
     new run in `out_db` (None: in db_path itself). db_path is only read unless it is out_db."""
+    from agent.run import gpu_facts
     from sandbox.evaluate import EvalSettings, Session
 
-    settings = settings or EvalSettings()   # one secret seed for the whole replay
+    settings = settings or EvalSettings()   # one secret seed for the whole re-verification
     if which not in WHICH:
-        raise ReplayError(f"unknown --attempts {which!r} (one of {', '.join(WHICH)})")
+        raise ReverifyError(f"unknown --attempts {which!r} (one of {', '.join(WHICH)})")
     in_place = out_db is None or same_file(out_db, db_path)
     try:
         source = open_db(db_path, create=False, readonly=not in_place)
         run = source.get_run(run_id)
     except StoreError as e:
-        raise ReplayError(str(e)) from None
+        raise ReverifyError(str(e)) from None
     try:
         if in_place:
             store = source
@@ -119,15 +120,16 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
             try:
                 store = open_db(out_db)
             except StoreError as e:
-                raise ReplayError(str(e)) from None
+                raise ReverifyError(str(e)) from None
     except BaseException:
         source.close()
         raise
     try:
+        gpu = gpu_facts()   # this machine's, written when the new run is made (as agent.run does for a loop run)
         chosen = select_attempts(source, run, which)
         if not chosen:
-            raise ReplayError(f"run {run_id} has no {'' if which == 'all' else which + ' '}attempt to replay")
-        with tempfile.TemporaryDirectory(prefix="kloop-replay-") as tmp, Session(spares=1, settings=settings) as session:
+            raise ReverifyError(f"run {run_id} has no {'' if which == 'all' else which + ' '}attempt to replay")
+        with tempfile.TemporaryDirectory(prefix="kloop-reverify-") as tmp, Session(spares=1, settings=settings) as session:
             target = _target_from_source(run, Path(tmp))
             new_run_id = store.create_run(
                 target_name=run.get("target_name"), target_source=run["target_source"],
@@ -135,7 +137,7 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
                 settings={**(run.get("settings") or {}), "replay_attempts": which,
                           **({} if in_place else {"replay_of_db": str(Path(db_path).resolve())})},
                 parent_run_id=run_id, parent_kind="reverify", notes=f"re-verification of run {run_id}",
-                isolation=session.isolation)
+                isolation=session.isolation, **gpu_columns(gpu))
             rows = []
             try:
                 for old in chosen:
@@ -146,20 +148,18 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
                     store.add_attempt(new_run_id, number=old["number"], branch=old.get("branch") or 0,
                                       turn=old.get("turn"), source=old.get("source"), reasoning=old.get("reasoning"),
                                       **columns)
-                    row = ReplayRow(old["number"], old, columns, compare(old, columns))
+                    row = ReverifiedAttempt(old["number"], old, columns, compare(old, columns))
                     rows.append(row)
                     on_attempt(row)
             except BaseException as e:
                 store.update_run(new_run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
                                  notes=f"replay of {run_id} interrupted: {type(e).__name__}: {e}")
                 raise
-        gpu = (rows[0].new["result"].get("gpu") or {}) if rows else {}
         # The re-verified run's best is the old best's counterpart, if it still holds up.
         old_best = source.best_attempt(run_id)
         best = next((a for a in store.attempts(new_run_id) if old_best and a["number"] == old_best["number"]
                      and a["verdict"] == "correct"), None)
         store.update_run(new_run_id, status="finished", finished_at=now(), best_attempt_id=best["id"] if best else None,
-                         **gpu_columns(gpu or None),
                          versions=rows[0].new["result"].get("versions"),
                          numeric_flags=rows[0].new["result"].get("numeric_flags"),
                          baselines=rows[0].new["result"].get("baselines"))
@@ -167,7 +167,7 @@ def replay(run_id: str, db_path: str | os.PathLike, which: str = "best", setting
         store.close()
         if not in_place:
             source.close()
-    return ReplayOutcome(run_id, new_run_id, rows, run.get("gpu_name"), gpu.get("name"), store.path)
+    return ReverifyOutcome(run_id, new_run_id, rows, run.get("gpu_name"), (gpu or {}).get("name"), store.path)
 
 
 # -- display ---------------------------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def _number(value: float | None, unit: str = "") -> str:
     return "–" if value is None else f"{value:.3g}{unit}"
 
 
-def comparison_table(outcome: ReplayOutcome):
+def comparison_table(outcome: ReverifyOutcome):
     """Old and new side by side ("logged → now") for verdict, time and speedups; disagreements in red."""
     from rich.table import Table
 

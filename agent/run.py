@@ -163,7 +163,7 @@ def has_gpu() -> bool:
 
 def gpu_facts() -> dict | None:
     """This machine's GPU facts (the evaluator's `gpu` dict), None without one: read once per run, and written to
-    the run only here (start, or run for a run made without them)."""
+    the run only here (start, or run for a run made without them) and by agent.reverify for the run it makes."""
     from tools.profile import gpu_info
 
     return gpu_info()

@@ -28,15 +28,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox import jail
 from sandbox.plan import PlanError, copy_plan, load_plan
 from sandbox.pool import WarmPool
 from sandbox.process import Child, ChildDied, ChildTimeout, read_limited, scratch_root
 from tools import profile, rules
 from tools.inputs import DEVICE
 from tools.numerics import pin_numeric_flags
-from tools.result import (FAILED, VERDICTS, Correctness, Counters, EvalResult, Resources, Roofline, Timing,
-                          VsBest)
+from tools.result import VERDICTS, Correctness, Counters, EvalResult, Resources, Roofline, Timing, VsBest
 from tools.target import Target
 
 NO_GPU_NOTE = "no CUDA GPU: Triton ran under TRITON_INTERPRET=1 on CPU tensors at small shapes; no timing is real"

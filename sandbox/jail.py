@@ -149,13 +149,13 @@ def _probe(isolation: Isolation) -> str | None:
 
 
 def command(argv: list[str], *, workdir: Path, readable: list[Path], gpu: bool, limits: Limits,
-            isolation: Isolation, pass_fds: tuple[int, ...] = ()) -> list[str]:
+            isolation: Isolation) -> list[str]:
     """The argv that runs `argv` jailed in `isolation.mode`, with `workdir` its only writable host directory
     (chowned to uid 65534 in the bwrap and unshare modes).
 
-    `argv` should run this interpreter (its prefixes are what bwrap binds). `pass_fds` are the descriptors the
-    caller hands to `spawn`: every mode keeps inherited descriptors, so none needs naming. The environment is
-    the caller's `env=` plus, in bwrap mode, PWD (the work directory).
+    `argv` should run this interpreter (its prefixes are what bwrap binds). Descriptors the caller hands to `spawn`
+    (pass_fds) need no naming here: every mode keeps inherited descriptors. The environment is the caller's `env=`
+    plus, in bwrap mode, PWD (the work directory).
     """
     jailed = _prlimit(limits, gpu) + list(argv)
     if isolation.mode == "none":

@@ -73,8 +73,7 @@ class Child:
         argv = [sys.executable, "-m", module, str(write_fd), str(self.workdir)]
         if jailed:
             argv = jail.command(argv, workdir=self.workdir, readable=[REPO_ROOT / "sandbox", REPO_ROOT / "tools"],
-                                gpu=cuda, limits=limits or jail.Limits(), isolation=self.isolation,
-                                pass_fds=(write_fd,))
+                                gpu=cuda, limits=limits or jail.Limits(), isolation=self.isolation)
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = jail.spawn(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(write_fd,),
                                    cwd=self.workdir, env=env if env is not None else clean_env(self.workdir, cuda),

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import evaluated
 from agent.cli import app
 from agent.progress import attempt_label
 from agent.output import Output, duration, plural, print_code
-from tools.store import open_db
+from sandbox.evaluate import PTX_NOT_RUN
+from tools.store import attempt_columns, open_db
 
 REPO = Path(__file__).resolve().parents[1]
 MARKED = ('# kloop-offline: {"template": "vector_add/triton_block", "values": {"BLOCK_SIZE": %d, "NUM_WARPS": 8}}\n'
@@ -107,10 +109,11 @@ def test_code_is_never_wrapped_or_cropped_without_a_terminal():
 def make_runs_db(path: Path) -> str:
     store = open_db(path)
     run_id = store.create_run(target_name="vector_add", policy="offline", settings={"target": "vector_add"})
-    ids = [store.add_attempt(run_id, language="triton", source=MARKED % block, verdict="correct",
-                             result={"verdict": "correct", "executed_on": "cpu-interpreter"}) for block in (1024, 2048)]
-    store.add_attempt(run_id, language="ptx", source=MARKED.replace('}}', '}, "ptx_edit": "cs"}') % 1024,
-                      verdict="runtime_error", reasons=["not run: no CUDA GPU here"], result={})
+    ids = [store.add_attempt(run_id, source=MARKED % block, **attempt_columns(evaluated.result("correct")))
+           for block in (1024, 2048)]
+    not_run = evaluated.result("runtime_error", language="ptx", reasons=["not run: no CUDA GPU here"],
+                               timing_note=PTX_NOT_RUN)
+    store.add_attempt(run_id, source=MARKED.replace('}}', '}, "ptx_edit": "cs"}') % 1024, **attempt_columns(not_run))
     store.update_run(run_id, status="finished", best_attempt_id=ids[0], notes="reached 3 attempts; and a long note " + "x" * 120)
     store.close()
     return run_id

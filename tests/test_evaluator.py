@@ -322,20 +322,17 @@ def test_a_new_best_must_win_a_paired_remeasurement(ratios, outcome):
 
 
 def test_summary_shows_timings_roofline_and_nsight_counters():
+    import evaluated
     from agent.cmd_eval import console, print_summary
-    from tools.result import EvalResult
+    from tools.result import Correctness, Resources
 
-    result = EvalResult.from_dict({
-        "verdict": "correct", "language": "ptx", "executed_on": "cuda", "reasons": [],
-        "correctness": {"trials": 9, "shapes": 3, "max_abs_err": 4.8e-7},
-        "time_us": {"median": 136.6, "iqr": 0.9},
-        "baselines": {"eager": {"median": 129.9, "iqr": 1.2},
-                      "compile": {"median": 129.7, "derived_from_eager": True}},
-        "speedup": {"eager": 0.95, "compile": 0.95}, "flags": ["throttled"],
-        "roofline": {"bytes": 1, "flops": 0, "sol_us": 111.5, "bound": "memory", "sol_fraction": 0.82},
-        "resources": [{"kernel": "gelu", "source": "ptxas", "registers": 32, "spills": 0, "occupancy": 1.0}],
-        "ncu": {"gelu": {"gpu_time_us": 127.4, "dram_pct": 83.7, "sm_pct": 44.5, "achieved_occupancy_pct": 82.5,
-                         "l2_hit_pct": 50.4, "top_stalls": [["long_scoreboard", 24.5], ["wait", 1.1]]}}})
+    result = evaluated.result(   # a GPU result, made as the evaluator makes one (tests/evaluated.py)
+        "correct", 136.6, eager_us=129.9, compile_from_eager=0.9985, gpu=evaluated.H100, language="ptx",
+        nbytes=int(0.82 * 136.6 * 3352e3), flops=0, flags=["throttled"],
+        correctness=Correctness(trials=9, shapes=3, max_abs_err=4.8e-7),
+        resources=[Resources(kernel="gelu", source="ptxas", registers=32, spills=0, occupancy=1.0)],
+        ncu=evaluated.counters("gelu", gpu_time_us=127.4, dram_pct=83.7, sm_pct=44.5, achieved_occupancy_pct=82.5,
+                               l2_hit_pct=50.4, stalls={"long_scoreboard": 24.5, "wait": 1.1}))
     with console.capture() as captured:
         print_summary(result)
     text = captured.get()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import json
 import math
@@ -15,12 +16,14 @@ from typer.testing import CliRunner
 
 datasets = pytest.importorskip("datasets", minversion="4.7")  # older ones corrupt tool calls
 
+import evaluated  # noqa: E402  (tests/evaluated.py: results made by the evaluator's own producers)
 from agent import cmd_data  # noqa: E402
 from agent.inspect_tools import TOOLS  # noqa: E402
 from agent.policy import Message  # noqa: E402
 from agent.prompting import export_prompts  # noqa: E402
 from tools.export import (ExportOptions, breaks_rules, build_records, normalized_kernel_hash,  # noqa: E402
                           scalar_reward)
+from tools.store import attempt_columns as store_columns  # noqa: E402
 from tools.store import open_db  # noqa: E402
 
 TARGET = '''import torch
@@ -64,8 +67,7 @@ class ModelNew(torch.nn.Module):
 
 BLOCK_SIZE = {block}
 '''
-GPU = {"name": "NVIDIA H100 80GB HBM3", "sms": 132, "l2_bytes": 52428800, "cc": "9.0", "peak_gbps": 3352.0,
-       "peak_tflops_bf16": 989.0, "peak_tflops_fp32": 67.0, "driver": "580.95", "cuda": "13.0"}
+GPU = evaluated.H100
 VERSIONS = {"torch": "2.11.0", "triton": "3.6.0", "cupy": "14.2.0", "python": "3.12.3"}
 
 
@@ -74,39 +76,20 @@ def kernel(block: int) -> str:
 
 
 def timing(median: float) -> dict:
-    return {"median": median, "q1": median * 0.98, "q3": median * 1.02, "iqr": median * 0.04, "min": median * 0.95,
-            "max": median * 1.1, "n": 100, "events_total_ms": median * 0.1, "wall_total_ms": median * 0.12}
+    return dataclasses.asdict(evaluated.timing(median))
 
 
 def attempt_columns(verdict: str, source: str, median: float | None = None, eager_us: float = 30.0,
                     compile_us: float = 24.0, **extra) -> dict:
-    """The columns the graph stores for one evaluated candidate (values shaped like the evaluator's)."""
+    """The columns the graph stores for one evaluated candidate: an evaluator result made by the evaluator's own
+    producers (tests/evaluated.py), timed on GPU when `median` is given, through tools.store.attempt_columns."""
     timed = median is not None
-    nbytes = 3 * 4 * (1 << 20)
-    roofline = {"bytes": nbytes, "flops": 1 << 20, "bound": "memory",
-                "sol_us": nbytes / (GPU["peak_gbps"] * 1e3) if timed else None,
-                "sol_fraction": nbytes / (GPU["peak_gbps"] * 1e3) / median if timed else None,
-                "peak_gbps": GPU["peak_gbps"], "peak_tflops": GPU["peak_tflops_fp32"]}
-    result = {"verdict": verdict, "language": "triton", "time_us": timing(median) if timed else None,
-              "speedup": {"eager": eager_us / median, "compile": compile_us / median} if timed else None,
-              "baselines": {"eager": timing(eager_us), "compile": timing(compile_us)} if timed else None,
-              "roofline": roofline, "gpu": GPU if timed else None, "versions": VERSIONS,
-              "executed_on": "cuda" if timed else "cpu-interpreter",
-              "timing_note": None if timed else "no CUDA GPU: interpreter run, no timing is real"}
-    columns = {
-        "language": "triton", "source": source, "verdict": verdict, "reasoning": f"try: {verdict}",
-        "reasons": [] if verdict == "correct" else [f"{verdict}: see log"],
-        "time_us": result["time_us"], "roofline": roofline, "result": result,
-        "speedup_eager": eager_us / median if timed and verdict == "correct" else None,
-        "speedup_compile": compile_us / median if timed and verdict == "correct" else None,
-        "sol_fraction": roofline["sol_fraction"] if verdict == "correct" else None,
-        "resources": [{"kernel": "add_kernel", "source": "triton", "registers": 32, "spills": 0, "shared_bytes": 0,
-                       "num_warps": 4, "num_stages": 3, "threads": 128, "occupancy": 1.0}],
-        "ncu": {"add_kernel": {"dram_pct": 88.0, "sm_pct": 20.0, "achieved_occupancy_pct": 90.0, "l2_hit_pct": 30.0,
-                               "stalls": {"long_scoreboard": 0.7}, "gpu_time_us": median}} if timed else None,
-        "nvml": {"before": {"sm_clock": 1980}, "after": {"sm_clock": 1980}, "throttled": False, "reasons": []}
-        if timed else None,
-    }
+    result = evaluated.result(
+        verdict, median, eager_us=eager_us, compile_us=compile_us, gpu=GPU if timed else None,
+        nbytes=3 * 4 * (1 << 20), flops=1 << 20, reasons=[] if verdict == "correct" else [f"{verdict}: see log"],
+        ncu=evaluated.counters("add_kernel", gpu_time_us=median) if timed else None,
+        resources=evaluated.resources("add_kernel", registers=32), versions=VERSIONS)
+    columns = {"source": source, "reasoning": f"try: {verdict}", **store_columns(result)}
     columns.update(extra)
     return columns
 

@@ -82,7 +82,7 @@ def run_jailed(setup, code: str, workdir: Path, *, readable=(), gpu=False, limit
     """Runs `code` jailed and returns the JSON object it prints last."""
     isolation, python = setup
     argv = jail.command([python, "-c", textwrap.dedent(code)], workdir=workdir,
-                        readable=list(readable), gpu=gpu, limits=limits, isolation=isolation, pass_fds=pass_fds)
+                        readable=list(readable), gpu=gpu, limits=limits, isolation=isolation)
     proc = jail.spawn(argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, pass_fds=pass_fds, text=True)
     out, err = proc.communicate(timeout=timeout)

@@ -12,15 +12,16 @@ import pytest
 
 from agent.graph import Loop, LoopSettings, run_loop
 from agent.policy import Message, Proposal
-from tools.result import EvalResult, Roofline, Timing
-from tools.store import open_db
+from tools.result import EvalResult, Roofline, Timing, VsBest
+from tools.store import best_after, fastest_key, open_db
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 class FakeEvaluation:
     """Same staged interface as sandbox.evaluate.Evaluation: 'broken' sources fail to compile, 'wrong' ones are
-    incorrect; otherwise the speedup is the number at the end of the source."""
+    incorrect; otherwise the speedup is the number at the end of the source, and a 'tie' only ties with the best in
+    the paired re-measurement."""
 
     def __init__(self, source: str, delay: float = 0.0):
         self.source, self.delay = source, delay
@@ -55,6 +56,8 @@ class FakeEvaluation:
         self.result.speedup = {"eager": speedup, "compile": speedup / 2}
         self.result.time_us = Timing(median=10 / speedup)
         self.result.roofline = Roofline(bytes=1, flops=0, bound="memory", sol_fraction=speedup / 10)
+        if "tie" in self.source:
+            self.result.vs_best = VsBest(best_attempt=None, ratio=1.01, ci_low=0.97, ci_high=1.05, n=30, outcome="tie")
 
 
 class ScriptedPolicy:
@@ -120,6 +123,19 @@ def test_attempts_are_logged_in_order_with_their_messages(store):
     assert run["best_attempt_id"] == attempts[1]["id"] and run["notes"] == "reached 3 attempts"
     assert [e["number"] for e in events if e["kind"] == "attempt"] == [1, 2, 3]
     assert {"write", "assemble", "verify", "profile", "reflect"} <= {e["stage"] for e in events if e["kind"] == "stage"}
+
+
+def test_best_after_names_the_best_the_loop_chose(store):
+    """The loop's rule replayed on the logged attempts (tools.store.best_after) agrees with runs.best_attempt_id at
+    every step: a faster median that only tied in the paired re-measurement does not take the lead. The fastest
+    attempt (fastest_key) is another idea, and here another attempt."""
+    run_id, _, _ = go(store, ScriptedPolicy(["wrong kernel 1", "kernel 2", "kernel tie 5", "kernel 3", "kernel 1"]),
+                      max_attempts=5)
+    attempts = store.attempts(run_id)
+    assert store.best_attempt(run_id)["number"] == 4
+    assert [(best_after(attempts[:n]) or {}).get("number") for n in range(1, 6)] == [None, 2, 2, 4, 4]
+    verified = [a for a in attempts if a["verdict"] == "correct"]
+    assert min(verified, key=fastest_key)["number"] == 3
 
 
 def test_a_compile_error_and_a_wrong_answer_reach_the_next_context(store):

@@ -3,7 +3,8 @@ import pytest
 from agent.policies import make_policy
 from agent.policies.offline import NO_STARTERS, read_marker
 from agent.policy import AttemptView, PolicyError, ProposeContext
-from tools.result import EvalResult
+import evaluated
+from tools.result import EvalResult, Resources
 from tools.store import source_hash
 from tools.target import load_target
 
@@ -35,10 +36,15 @@ def context(history, language="auto", branch=0, best=None):
                           language=language, gpu=None, history=history, best=best)
 
 
-def attempt(number, proposal, verdict="correct", result=None, speedup=None):
+def attempt(number, proposal, verdict="correct", result: EvalResult | None = None, speedup=None):
     return AttemptView(id=number, number=number, branch=0, language=proposal.language, source=proposal.source,
                        verdict=verdict, reasons=[], time_us=None, speedup_eager=speedup, speedup_compile=None,
-                       sol_fraction=None, diagnosis="", result=EvalResult.from_dict(result))
+                       sol_fraction=None, diagnosis="", result=result or EvalResult())
+
+
+def at_sol(fraction: float, **fields) -> EvalResult:
+    """A correct 10 us kernel on an H100 at `fraction` of its memory speed-of-light (tests/evaluated.py)."""
+    return evaluated.result("correct", 10.0, gpu=evaluated.H100, nbytes=int(fraction * 10.0 * 3352e3), **fields)
 
 
 def drive(policy, turns, language="auto"):
@@ -87,20 +93,19 @@ def test_moves_are_deterministic_and_never_repeat_until_done(seed):
 def test_the_diagnosis_chooses_the_move(seed):
     policy = make_policy("offline", seed_kernel=seed)
     start = policy.propose(context([]))
-    spilling = {"verdict": "correct", "resources": [{"kernel": "k", "source": "triton", "registers": 255, "spills": 12}]}
+    spilling = evaluated.result("correct", resources=evaluated.resources("k", registers=255, spills=12))
     move = policy.propose(context([attempt(1, start, result=spilling)]))
     assert read_marker(move.source)["values"]["BLOCK_SIZE"] == 512 and "spill" in move.reasoning
 
     policy = make_policy("offline", seed_kernel=seed)
     start = policy.propose(context([]))
-    starved = {"verdict": "correct", "roofline": {"bound": "memory", "sol_fraction": 0.4}}
+    starved = at_sol(0.4)
     move = policy.propose(context([attempt(1, start, result=starved)]))
     assert read_marker(move.source)["values"]["BLOCK_SIZE"] == 2048 and "memory-bound" in move.reasoning
 
     policy = make_policy("offline", seed_kernel=seed)
     start = policy.propose(context([]))
-    crowded = {"verdict": "correct",
-               "resources": [{"kernel": "k", "source": "triton", "registers": 200, "spills": 0, "occupancy": 0.25}]}
+    crowded = evaluated.result("correct", resources=evaluated.resources("k", registers=200, occupancy=0.25))
     move = policy.propose(context([attempt(1, start, result=crowded)]))
     assert read_marker(move.source)["values"]["NUM_WARPS"] == 2 and "occupancy" in move.reasoning
 
@@ -121,8 +126,7 @@ def test_memory_bound_triton_kernel_gets_ptx_cache_hint_edits():
     policy = make_policy("offline", target=load_target("vector_add"))
     start = policy.propose(context([], language="auto"))
     # A GPU run reports the kernel's PTX; the policy compiles its own (specialized + generic) for the main shape.
-    result = {"verdict": "correct", "ptx": {"vector_add_kernel": "// as a GPU run reports it"},
-              "roofline": {"bound": "memory", "sol_fraction": 0.5}}
+    result = at_sol(0.5, ptx={"vector_add_kernel": "// as a GPU run reports it"})
     first = attempt(1, start, result=result, speedup=1.0)
     history = [first, attempt(2, policy.propose(context([first])), verdict="runtime_error")]  # the PTX starter
     moves = [policy.propose(context(history, best=first))]
@@ -162,14 +166,11 @@ def test_user_target_needs_a_seed_kernel(tmp_path):
 def test_diagnosis_reads_the_counters():
     from agent.diagnose import diagnose
 
-    text, facts = diagnose(EvalResult.from_dict({
-        "verdict": "correct", "roofline": {"bound": "memory", "sol_fraction": 0.42},
-        "resources": [{"kernel": "k", "source": "ptxas", "registers": 168, "spills": 32, "shared_bytes": 0,
-                       "occupancy": 0.25}],
-        "nvml": {"throttled": True, "reasons": ["SwPowerCap"]},
-        "ncu": {"k": {"dram_pct": 41.0, "sm_pct": 12.0, "achieved_occupancy_pct": 23.0,
-                      "stalls": {"long_scoreboard": 6.5, "wait": 0.4, "barrier": 1.2}}},
-        "speedup": {"eager": 1.31, "compile": 0.97}}))
+    text, facts = diagnose(at_sol(
+        0.42, eager_us=13.1, compile_us=9.7, nvml={"throttled": True, "reasons": ["SwPowerCap"]},
+        resources=[Resources(kernel="k", source="ptxas", registers=168, spills=32, shared_bytes=0, occupancy=0.25)],
+        ncu=evaluated.counters("k", dram_pct=41.0, sm_pct=12.0, achieved_occupancy_pct=23.0,
+                               stalls={"long_scoreboard": 6.5, "wait": 0.4, "barrier": 1.2})))
     assert facts["bound"] == "memory" and facts["spills"] == 32 and facts["spilling"]
     assert facts["low_occupancy"] and facts["register_heavy"] and facts["memory_room"] and facts["throttled"]
     assert facts["top_stall"] == "long_scoreboard"
@@ -177,8 +178,7 @@ def test_diagnosis_reads_the_counters():
                    "achieved occupancy 23%", "long_scoreboard 6.5, barrier 1.2", "1.31x over eager"):
         assert phrase in text
 
-    text, facts = diagnose(EvalResult.from_dict({
-        "verdict": "compile_error", "reasons": ["line 3: bad token"], "resources": [{"kernel": "k", "source": "triton"}],
-        "timing_note": "no CUDA GPU: no timing is real"}))
+    text, facts = diagnose(evaluated.result("compile_error", reasons=["line 3: bad token"],
+                                            resources=[Resources(kernel="k", source="triton")]))
     assert text.splitlines()[0] == "verdict compile_error: line 3: bad token" and "registers" not in text
     assert not (facts["spilling"] or facts["memory_room"] or facts["low_occupancy"])

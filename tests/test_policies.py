@@ -1,18 +1,22 @@
 """Model policies against real HTTP servers on loopback, the prompts they build, inspection tools and replay."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agent import prompting
 from agent.inspect_tools import TOOLS, openai_tools, run_tool
 from agent.policies.anthropic import AnthropicPolicy, cost_usd
 from agent.policies.openai import OpenAIPolicy
-from agent.policies.replay import ReplayPolicy
+from agent.policies.replay import ReplayPolicy, candidate_from_response
 from agent.policy import AttemptView, PolicyError, ProposeContext
 from fakes import anthropic_server as fa
 from fakes import openai_server as fo
-from tools.result import EvalResult
-from tools.store import open_db
+import evaluated
+from tools.result import Correctness
+from tools.export import model_turns
+from tools.store import attempt_columns, open_db
 
 TARGET = '''import torch
 import torch.nn as nn
@@ -59,35 +63,26 @@ class ModelNew(nn.Module):
         super().__init__()
         self.k = PtxKernel(PTX, "add")
 '''
-GPU = {"name": "NVIDIA H200", "sms": 132, "l2_bytes": 50 * 2**20, "cc": "9.0", "peak_gbps": 4810.0,
-       "peak_tflops_bf16": 989.0, "peak_tflops_fp32": 67.0}
-
-
-def result(verdict="correct", median=12.5, **extra) -> dict:
-    r = {"verdict": verdict, "time_us": {"median": median, "q1": median - 0.2, "q3": median + 0.3, "iqr": 0.5,
-                                         "min": median - 0.4, "max": median + 1, "n": 100},
-         "roofline": {"bytes": 805306368, "flops": 67108864, "bound": "memory", "sol_us": 167.4,
-                      "sol_fraction": 0.81},
-         "resources": [{"kernel": "add_kernel", "source": "triton", "registers": 24, "spills": 0,
-                        "shared_bytes": 0, "num_warps": 4, "num_stages": 3, "threads": 128, "occupancy": 1.0}],
-         "correctness": {"trials": 3, "max_abs_err": 0.0, "max_rel_err": 0.0, "worst": None},
-         "nvml": {"throttled": False}, "ncu": {"add_kernel": {"dram_pct": 88.0, "sm_pct": 20.0,
-                                                             "achieved_occupancy_pct": 91.0, "l2_hit_pct": 3.0,
-                                                             "stalls": {"long_scoreboard": 70.0, "wait": 10.0}}},
-         "flags": [], "gpu": GPU}
-    r.update(extra)
-    return r
+GPU = evaluated.H200
+ADD_BYTES = 48_600_000   # at the H200's 4800 GB/s, 10.125 us: 81% of speed-of-light for a 12.5 us kernel
 
 
 def view(number: int, verdict="correct", source=TRITON, speedup=1.3, diagnosis="memory bound at 81% of peak",
-         **result_extra) -> AttemptView:
+         **result_fields) -> AttemptView:
+    """An earlier attempt as the prompts see it: an evaluator result (tests/evaluated.py), stored as the graph
+    stores it (tools.store.attempt_columns) and read back as the graph reads it (prompting.attempt_view). Correct
+    ones ran 12.5 us at `speedup` over eager, with Nsight Compute counters."""
     timed = verdict == "correct"
-    return AttemptView(id=number, number=number, branch=0, language="triton", source=source, verdict=verdict,
-                       reasons=[] if timed else [f"reason of attempt {number}"], time_us=12.5 if timed else None,
-                       speedup_eager=speedup if timed else None, speedup_compile=speedup / 1.1 if timed else None,
-                       sol_fraction=0.81 if timed else None, diagnosis=diagnosis,
-                       result=EvalResult.from_dict(result(verdict, **result_extra) if timed else
-                                                   {"verdict": verdict, **result_extra}))
+    counters = evaluated.counters("add_kernel", dram_pct=88.0, sm_pct=20.0, achieved_occupancy_pct=91.0,
+                                  l2_hit_pct=3.0, stalls={"long_scoreboard": 70.0, "wait": 10.0})
+    result = evaluated.result(
+        verdict, 12.5 if timed else None, eager_us=12.5 * speedup, compile_us=12.5 * speedup / 1.1, gpu=GPU,
+        nbytes=ADD_BYTES, flops=67108864, reasons=[] if timed else [f"reason of attempt {number}"],
+        ncu=counters if timed else None, resources=evaluated.resources("add_kernel", registers=24) if timed else [],
+        **result_fields)
+    row = {"id": number, "number": number, "branch": 0, "source": source, "diagnosis": diagnosis,
+           **attempt_columns(result)}
+    return prompting.attempt_view(row)
 
 
 def context(history=(), tool_results=(), branch=0, language="auto", gpu=GPU) -> ProposeContext:
@@ -334,12 +329,12 @@ def test_openai_rejected_key_and_missing_model():
 def test_prompt_carries_the_evidence_of_each_attempt():
     failed = view(1, "compile_error", compile_log="ptxas error: line 12: unknown symbol %r9",
                   stderr="not shown for compile errors")
-    wrong = view(2, "incorrect", correctness={"max_abs_err": 0.5, "max_rel_err": 1.0,
-                                              "worst": {"shape": {"N": 1000}, "index": [999]}})
+    wrong = view(2, "incorrect", correctness=Correctness(trials=1, max_abs_err=0.5, max_rel_err=1.0,
+                                                         worst={"shape": {"N": 1000}, "index": [999]}))
     throttled = view(3, nvml={"throttled": True, "reasons": ["SwThermal"]}, flags=["throttled"])
     text = prompting.turn_prompt(context([failed, wrong, throttled]), keep_full=3)
     for expected in ("Attempt 1 (triton): compile_error", "ptxas error: line 12: unknown symbol %r9",
-                     "max abs error 0.5", "'index': [999]", "median 12.50 us (IQR 12.30-12.80",
+                     "max abs error 0.5", "'index': [999]", "median 12.50 us (IQR 12.25-12.75",
                      "1.30x over eager, 1.18x over torch.compile", "81% (memory-bound", "24 registers, 0 spilled words",
                      "occupancy 100%", "throttled during timing (SwThermal)", "DRAM 88%", "achieved occupancy 91%",
                      "top stalls (warps stalled per issued instruction) long_scoreboard 70.00",
@@ -375,9 +370,9 @@ def store(tmp_path):
 
 def test_run_tool_reads_the_database(store):
     run = store.create_run(target_name="vector_add", policy="anthropic")
-    first = store.add_attempt(run, language="triton", source=TRITON, verdict="correct", speedup_eager=1.5,
-                              time_us={"median": 11.0}, ptx={"add_kernel": ".visible .entry add_kernel("},
-                              ncu={"add_kernel": {"dram_pct": 90.0}})
+    first = store.add_attempt(run, source=TRITON, **attempt_columns(evaluated.result(
+        "correct", 11.0, eager_us=16.5, gpu=GPU, ncu=evaluated.counters("add_kernel", dram_pct=90.0),
+        ptx={"add_kernel": ".visible .entry add_kernel("})))
     store.add_attempt(run, language="triton", source=TRITON.replace("1024", "2048"), verdict="incorrect")
     store.update_run(run, best_attempt_id=first)  # the loop's doing (agent/graph.py)
 
@@ -437,6 +432,34 @@ def test_replay_reproduces_the_logged_candidates_in_order(store):
     assert proposals[2].done and not proposals[2].source
     assert replay.propose(context(branch=1)).language == "ptx"
     assert replay.propose(context(branch=1)).done
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_the_live_policy_the_replay_policy_and_export_read_an_answer_alike(provider):
+    """One wire module per provider (tools/wire/): the candidate the live policy proposed is the one the replay
+    policy and export read back from its logged messages, and its text and thinking reach the export whole."""
+    if provider == "anthropic":
+        server = fa.ScriptedServer([fa.message(fa.thinking("vectorize"), fa.text("One block per program."),
+                                               fa.tool_use("submit_candidate", submit(rationale="masked")))])
+        make = anthropic_policy
+    else:
+        server = fo.ScriptedServer([fo.completion("One block per program.",
+                                                  [fo.tool_call("submit_candidate", submit(rationale="masked"))])])
+        make = openai_policy
+    with server:
+        proposal = make(server).propose(context([view(1)]))
+    assert (proposal.language, proposal.source, proposal.reasoning) == ("triton", TRITON, "masked")
+    request, response = [{"role": m.role, "provider": m.provider, "content": json.loads(json.dumps(m.content)),
+                          "attempt_id": 7} for m in proposal.messages]
+    replayed = candidate_from_response(response["provider"], response["content"])
+    assert (replayed.language, replayed.source, replayed.rationale) == ("triton", TRITON, "masked")
+    (turn,) = model_turns([{"id": 7, "number": 1}], [request, response])
+    assert turn.completion["content"] == "One block per program."
+    assert turn.completion.get("reasoning_content") == ("vectorize" if provider == "anthropic" else None)
+    (call,) = turn.completion["tool_calls"]
+    assert call["function"] == {"name": "submit_candidate", "arguments": submit(rationale="masked")}
+    assert turn.prompt[0]["role"] == "system" and "class Model" in turn.prompt[1]["content"]
+    assert [t["function"]["name"] for t in turn.tools] == [t["name"] for t in TOOLS]
 
 
 def test_replay_of_unknown_or_empty_run_is_policy_error(store):

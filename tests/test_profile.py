@@ -1,4 +1,5 @@
 """Measuring without a GPU: statistics, roofline, NVML decoding, ncu CSV and command, byte/FLOP counts."""
+import dataclasses
 import os
 import time
 
@@ -9,6 +10,7 @@ from tools import profile
 from tools.profile import (NcuError, count_bytes_and_flops, decode_clock_event_reasons, gpu_info, ncu_command,
                            nvml_snapshot, parse_ncu_csv, peak_tflops_for, roofline, run_ncu, summarize,
                            throttle_reasons)
+from tools.result import Counters
 
 STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 TORCH_ADD = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
@@ -119,6 +121,12 @@ def test_parse_ncu_csv_averages_launches_per_kernel():
     torch_add = parsed[TORCH_ADD]
     assert torch_add["l2_hit_pct"] is None                    # "n/a" in its only launch
     assert torch_add["gpu_time_us"] == pytest.approx(15.0)
+
+
+def test_parsed_counters_are_exactly_the_counters_record():
+    """The evaluator keeps of parse_ncu_csv's keys those that are Counters fields, and the prompts and the diagnosis
+    read Counters: a key renamed on one side only would vanish on the way (as `achieved_occupancy` once did)."""
+    assert set(parse_ncu_csv(NCU_CSV)["vec_add"]) == {f.name for f in dataclasses.fields(Counters)}
 
 
 def test_parse_ncu_csv_converts_time_units_and_handles_no_kernels():

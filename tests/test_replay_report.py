@@ -9,15 +9,18 @@ from typer.testing import CliRunner
 
 from agent import cmd_data
 from test_export import GPU, attempt_columns, kernel, make_offline_run, timing  # noqa: F401  (shared builders)
+import evaluated
 from agent.reverify import compare
 from tools.report import NO_TIMING_NOTE, NO_TIMING_SENTENCE, leaderboard, progress_figure, roofline_figure
+from tools.result import VsBest
+from tools.store import attempt_columns as store_columns
 from tools.store import open_db
 
 
 def cli() -> typer.Typer:
     app = typer.Typer()
     app.command("report")(cmd_data.report_command)
-    app.command("replay")(cmd_data.replay_command)
+    app.command("replay")(cmd_data.reverify_command)
     return app
 
 
@@ -113,6 +116,21 @@ def test_roofline_is_intensity_against_flops_under_two_roofs(tmp_path):
     assert "best: #4, 0.0699 TFLOP/s, 25% of the roof" in labels
     assert all("×" not in t and "^" not in t for t in tick_labels(ax.yaxis) + tick_labels(ax.xaxis))
     assert "0.1" in tick_labels(ax.yaxis) and "100" in tick_labels(ax.xaxis)
+
+
+def test_the_best_so_far_line_is_the_run_s_best(tmp_path):
+    """The line follows the run's best as the loop chose it: a faster median that only tied with the best in the
+    paired re-measurement did not take its place, so the line stays at the best's speedup."""
+    store = open_db(tmp_path / "kloop.db")
+    run_id = store.create_run(target_name="vector_add", policy="offline")
+    tie = VsBest(best_attempt=1, ratio=1.02, ci_low=0.98, ci_high=1.06, n=30, outcome="tie")
+    for median, vs_best in ((20.0, None), (19.0, tie), (15.0, None)):
+        store.add_attempt(run_id, source=kernel(64), **store_columns(evaluated.result(
+            "correct", median, eager_us=30.0, gpu=GPU, nbytes=1 << 20, vs_best=vs_best)))
+    eager = progress_figure(store.attempts(run_id), "vector_add").axes[0]
+    best = next(line for line in eager.lines if line.get_label() == "best so far")
+    assert list(best.get_ydata()) == pytest.approx([1.5, 1.5, 2.0])
+    assert max(eager.lines[0].get_ydata()[:2]) == pytest.approx(30 / 19)
 
 
 def test_roofline_of_an_op_without_flops_shows_bandwidth(tmp_path):
@@ -213,7 +231,7 @@ def test_replay_times_on_gpu(tmp_path):
     """On a GPU the re-verified attempt carries real timings and speedups, and the table shows them."""
     from rich.console import Console
 
-    from agent.reverify import NOT_TIMED, comparison_table, replay
+    from agent.reverify import NOT_TIMED, comparison_table, reverify
 
     honest = (HERE / "candidates" / "honest_add.py").read_text()
     db = tmp_path / "kloop.db"
@@ -222,7 +240,7 @@ def test_replay_times_on_gpu(tmp_path):
                               policy="offline", gpu_name=GPU["name"])
     store.update_run(run_id, best_attempt_id=store.add_attempt(run_id, **attempt_columns("correct", honest, 15.0)))
     store.close()
-    outcome = replay(run_id, db, "best")
+    outcome = reverify(run_id, db, "best")
     new = outcome.rows[0].new
     assert outcome.new_gpu and new["verdict"] == "correct"
     assert new["time_us"]["median"] > 0 and new["speedup_eager"] > 0 and new["result"]["executed_on"] == "cuda"

@@ -2,9 +2,11 @@ import sqlite3
 
 import pytest
 
+import evaluated
 from agent.policy import Message
 from tools.result import EvalResult
-from tools.store import ATTEMPT_COLUMNS, SCHEMA_VERSION, StoreError, attempt_columns, open_db, source_hash
+from tools.store import (ATTEMPT_COLUMNS, FASTEST_ORDER, SCHEMA_VERSION, StoreError, attempt_columns, fastest_key,
+                         open_db, source_hash)
 
 
 @pytest.fixture
@@ -155,12 +157,27 @@ def test_a_v1_file_from_before_runs_gpu_gains_the_column_on_a_writable_open(tmp_
 
 
 def test_attempt_columns_maps_an_evaluator_result():
-    result = {"verdict": "correct", "language": "triton", "reasons": [], "speedup": {"eager": 2.0, "compile": 1.5},
-              "roofline": {"sol_fraction": 0.7, "bound": "memory"}, "time_us": {"median": 3.0},
-              "durations_s": {"total": 1.2}, "stdout": "hi", "gpu": {"name": "NVIDIA H200"}}
-    columns = attempt_columns(EvalResult.from_dict(result))
-    assert (columns["speedup_eager"], columns["speedup_compile"], columns["sol_fraction"]) == (2.0, 1.5, 0.7)
+    result = evaluated.result("correct", 3.0, eager_us=6.0, compile_us=4.5, gpu=evaluated.H200,
+                              nbytes=int(0.7 * 3.0 * 4800e3), durations_s={"total": 1.2}, stdout="hi")
+    columns = attempt_columns(result)
+    assert (columns["speedup_eager"], columns["speedup_compile"], columns["sol_fraction"]) == pytest.approx(
+        (2.0, 1.5, 0.7))
     assert columns["durations"] == {"total": 1.2} and columns["stdout"] == "hi"
-    assert columns["result"]["gpu"] == {"name": "NVIDIA H200"} and columns["result"]["time_us"]["median"] == 3.0
+    assert columns["result"]["gpu"]["name"] == "NVIDIA H200" and columns["result"]["time_us"]["median"] == 3.0
+    assert EvalResult.from_dict(columns["result"]) == result   # the result column reads back whole
     assert set(columns) <= set(ATTEMPT_COLUMNS)
     assert attempt_columns(EvalResult(verdict="format_error", reasons=["no code"]))["speedup_eager"] is None
+
+
+def test_fastest_is_one_order_in_sql_and_in_python(tmp_path):
+    """FASTEST_ORDER (SQL) and fastest_key (Python, rows in number order) rank verified attempts the same way:
+    faster first, untimed last, the earlier of equals first."""
+    db = open_db(tmp_path / "kloop.db")
+    run_id = db.create_run(target_name="t")
+    for speedup in (1.5, None, 2.0, 1.5, None, 0.5):
+        db.add_attempt(run_id, verdict="correct", speedup_eager=speedup)
+    in_sql = [row["number"] for row in db.db.query(
+        f"SELECT number FROM attempts WHERE run_id = ? ORDER BY {FASTEST_ORDER}", [run_id])]
+    in_python = [row["number"] for row in sorted(db.attempts(run_id), key=fastest_key)]
+    assert in_sql == in_python == [3, 1, 4, 6, 2, 5]
+    assert min(db.attempts(run_id), key=fastest_key)["number"] == 3

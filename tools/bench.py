@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 
 from tools.result import EvalResult
+from tools.store import fastest_key
 
 MEMORY_BOUND = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")
 MATMUL = ("matmul_bf16", "matmul_bias_relu")
@@ -65,15 +66,16 @@ def kind_of(target_name: str) -> str:
     return "memory" if target_name in MEMORY_BOUND else "matmul" if target_name in MATMUL else "other"
 
 
-def best_by_language(attempts: list[dict]) -> dict[str, dict | None]:
-    """The best correct Triton and PTX attempts of a run (highest speedup over eager, then earliest), or None."""
-    best = {}
+def fastest_by_language(attempts: list[dict]) -> dict[str, dict | None]:
+    """The fastest correct Triton and PTX attempts of a run (tools.store.fastest_key), or None: the table's
+    best_triton / best_ptx columns, which need not hold the run's best."""
+    fastest = {}
     for language in ("triton", "ptx"):
         correct = [a for a in attempts if a["verdict"] == "correct" and a["language"] == language]
-        correct.sort(key=lambda a: (-(a["speedup_eager"] or 0), a["number"]))
-        best[language] = {"attempt": correct[0]["number"], "time_us": (correct[0]["time_us"] or {}).get("median"),
-                          "speedup_eager": correct[0]["speedup_eager"]} if correct else None
-    return best
+        top = min(correct, key=fastest_key, default=None)
+        fastest[language] = {"attempt": top["number"], "time_us": (top["time_us"] or {}).get("median"),
+                             "speedup_eager": top["speedup_eager"]} if top else None
+    return fastest
 
 
 def evaluator_overhead_s(attempts: list[dict]) -> float | None:
@@ -101,7 +103,7 @@ def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, 
     tflops = roof.flops / (best_us * 1e6) if best_us and roof and roof.flops else None
     copy_gbps = (copy or {}).get("gbps")
     cublas_tflops = (cublas or {}).get("tflops")
-    per_language = best_by_language(attempts)
+    per_language = fastest_by_language(attempts)
     return {
         "target": name, "kind": kind, "run_id": run_id,
         "best_attempt": best["number"] if best else None, "best_language": best["language"] if best else None,

@@ -41,13 +41,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from tools.result import EvalResult
-from tools.store import Store, StoreError, open_db
+from tools import wire
+from tools.store import Store, StoreError, fastest_key, open_db
+from tools.wire import SUBMIT
 
 FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
 TRAIN_ON = ("final", "all-correct")
 LANGUAGES = ("triton", "ptx")
-SUBMIT = "submit_candidate"
 # The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
 OFFLINE_MARK = "# kloop-offline: "
 # Token counts are estimated, not tokenized: a rule of thumb of about 3.5 characters per token for BPE tokenizers
@@ -253,8 +253,9 @@ def _median_us(attempt: dict) -> float | None:
 
 
 # -- conversations ---------------------------------------------------------------------------------------------------
-# Internal message shape (TRL's, plus ids): {"role", "content": str, "tool_calls": [{"id", "type": "function",
-# "function": {"name", "arguments": dict}}], "name"/"tool_call_id" on tool answers, "reasoning_content" if any}.
+# Logged requests and responses are read by each provider's wire module (tools/wire/), into its conversation shape
+# (TRL's, plus ids): {"role", "content": str, "tool_calls": [{"id", "type": "function", "function": {"name",
+# "arguments": dict}}], "name"/"tool_call_id" on tool answers, "reasoning_content" if any}.
 
 @dataclass
 class Turn:
@@ -324,109 +325,13 @@ def model_turns(attempts: list[dict], messages: list[dict]) -> list[Turn]:
     return turns
 
 
-def _provider(row: dict) -> str:
-    provider = (row.get("provider") or "").lower()
-    if provider in ("anthropic", "openai"):
-        return provider
-    content = row.get("content")
-    if isinstance(content, dict) and ("choices" in content or any(
-            isinstance(m, dict) and m.get("role") in ("system", "tool") for m in content.get("messages", []))):
-        return "openai"
-    return "anthropic"
-
-
-def _text(content: Any) -> str:
-    """Plain text of a string or a list of content blocks."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") in
-                           ("text", "input_text", "output_text"))
-    return json.dumps(content)
-
-
 def _request_messages(row: dict) -> tuple[list[dict] | None, list[dict]]:
-    body = row.get("content")
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-        return None, []
-    if _provider(row) == "openai":
-        messages = [_openai_message(m) for m in body["messages"]]
-        tools = [t for t in body.get("tools") or [] if t.get("type") == "function"]
-        return messages, tools
-    messages = []
-    if body.get("system"):
-        messages.append({"role": "system", "content": _text(body["system"])})
-    names = {}  # tool_use id -> tool name, for the answers
-    for m in body["messages"]:
-        if isinstance(m.get("content"), str):
-            messages.append({"role": m["role"], "content": m["content"]})
-        elif m.get("role") == "assistant":
-            messages.append(_anthropic_assistant(m["content"], names))
-        else:
-            texts = []
-            for block in m.get("content") or []:
-                if block.get("type") == "tool_result":
-                    messages.append({"role": "tool", "name": names.get(block.get("tool_use_id"), ""),
-                                     "tool_call_id": block.get("tool_use_id", ""), "content": _text(block.get("content"))})
-                elif block.get("type") == "text":
-                    texts.append(block["text"])
-            if texts:
-                messages.append({"role": "user", "content": "\n\n".join(texts)})
-    tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                               "parameters": t["input_schema"]}}
-             for t in body.get("tools") or [] if "input_schema" in t]
-    return messages, tools
-
-
-def _anthropic_assistant(blocks: list[dict], names: dict) -> dict:
-    message = {"role": "assistant", "content": "\n\n".join(b["text"] for b in blocks if b.get("type") == "text")}
-    thinking = "\n\n".join(b.get("thinking", "") for b in blocks if b.get("type") == "thinking")
-    if thinking:
-        message["reasoning_content"] = thinking
-    calls = [b for b in blocks if b.get("type") == "tool_use"]
-    if calls:
-        names.update({b["id"]: b["name"] for b in calls})
-        message["tool_calls"] = [{"id": b["id"], "type": "function",
-                                  "function": {"name": b["name"], "arguments": b.get("input") or {}}} for b in calls]
-    return message
-
-
-def _openai_message(m: dict) -> dict:
-    role = "system" if m.get("role") == "developer" else m.get("role")
-    message = {"role": role, "content": _text(m.get("content"))}
-    if m.get("reasoning_content"):
-        message["reasoning_content"] = m["reasoning_content"]
-    if role == "tool":
-        message.update(tool_call_id=m.get("tool_call_id", ""), name=m.get("name", ""))
-    if m.get("tool_calls"):
-        message["tool_calls"] = [{"id": c.get("id", ""), "type": "function", "function": {
-            "name": c["function"]["name"], "arguments": _arguments_dict(c["function"].get("arguments"))}}
-            for c in m["tool_calls"]]
-    return message
-
-
-def _arguments_dict(arguments: Any) -> dict:
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        parsed = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        return {"raw": arguments}
-    return parsed if isinstance(parsed, dict) else {"value": parsed}
+    return wire.module(wire.provider_of(row)).read_request(row.get("content"))
 
 
 def _response_message(row: dict) -> dict | None:
-    body = row.get("content")
-    if not isinstance(body, dict):
-        return None
-    if _provider(row) == "openai":
-        choices = body.get("choices") or []
-        return _openai_message(choices[0]["message"]) if choices else None
-    if isinstance(body.get("content"), list):
-        return _anthropic_assistant(body["content"], {})
-    return None
+    reply = wire.read_response(wire.provider_of(row), row.get("content"))
+    return reply.as_message() if reply is not None else None
 
 
 def _name_tool_answers(messages: list[dict]) -> list[dict]:
@@ -594,11 +499,6 @@ def breaks_rules(attempt: dict) -> bool:
     return attempt.get("verdict") == "rejected" and bool((attempt.get("source") or "").strip())
 
 
-def _best(attempts: list[dict]) -> dict:
-    """Fastest over eager; without timings the earliest (the shortest trajectory to a working kernel)."""
-    return max(attempts, key=lambda a: (a.get("speedup_eager") or 0.0, -a["number"]))
-
-
 def _clean_branches(attempts: list[dict], options: ExportOptions) -> dict[int, list[dict]]:
     """The run's attempts by branch, leaving out branches with a rule-breaking attempt unless asked for."""
     branches: dict[int, list[dict]] = {}
@@ -658,9 +558,8 @@ class _Builder:
         if options.train_on == "final":
             if options.all_verdicts:
                 chosen = [chosen[-1]]
-            else:
-                best = _best([t.attempt for t in chosen])
-                chosen = [next(t for t in chosen if t.attempt is best)]
+            else:   # the fastest; without timings the earliest (the shortest trajectory to a working kernel)
+                chosen = [min(chosen, key=lambda t: fastest_key(t.attempt))]
         fresh = []
         for turn in chosen:
             key = _kernel_key(run, turn.attempt)
@@ -768,9 +667,9 @@ class _Builder:
         pool = [a for a in attempts if _qualifies(a, self.options) and (a.get("source") or "").strip()]
         if not pool:
             return
-        if self.options.format == "kernelbook":   # one row per run: its best verified kernel (else its last)
+        if self.options.format == "kernelbook":   # one row per run: its fastest verified kernel (else its last)
             correct = [a for a in pool if a.get("verdict") == "correct"]
-            pool = [_best(correct)] if correct else [pool[-1]]
+            pool = [min(correct, key=fastest_key)] if correct else [pool[-1]]
         for attempt in pool:
             key = _kernel_key(run, attempt)
             if key in self.trained:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tools.store import StoreError, open_db
+from tools.store import StoreError, best_so_far, fastest_key, open_db
 
 NO_TIMING_NOTE = "no timing: this run had no CUDA GPU (Triton interpreter on CPU)"
 NO_TIMING_SENTENCE = ("No attempt of this run was timed (it ran without a CUDA GPU, under the Triton interpreter), "
@@ -58,8 +58,8 @@ def is_timed(attempts: list[dict]) -> bool:
 
 def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_name: str | None = None,
                     target_sol: float | None = None):
-    """Per attempt: speedup over eager (with the best-so-far line), over torch.compile, and the fraction of speed of
-    light; one series per branch; failed attempts as crosses along the bottom (they have no speedup). Without any
+    """Per attempt: speedup over eager, over torch.compile, and the fraction of speed of light, each with the line of
+    the run's best so far (as the loop chose it: tools.store.best_so_far); one series per branch; failed attempts as crosses along the bottom (they have no speedup). Without any
     timing (CPU interpreter run), the verdict of each attempt instead, and a title that says there is no timing."""
     from matplotlib.figure import Figure  # Figure without pyplot: Agg canvas, no global state, no display
     from matplotlib.ticker import MaxNLocator, PercentFormatter
@@ -87,6 +87,7 @@ def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_na
     axes = fig.subplots(len(panels), 1, sharex=True)
     branches = sorted({a.get("branch") or 0 for a in attempts})
     ordered = sorted(attempts, key=lambda a: a["number"])
+    bests = best_so_far(ordered)
     for ax, (key, label) in zip(axes, panels):
         for branch in branches:
             own = [a for a in ordered if (a.get("branch") or 0) == branch]
@@ -94,12 +95,7 @@ def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_na
             if points:
                 ax.plot(*zip(*points), marker="o", linewidth=0.8, markersize=4,
                         label=f"branch {branch}" if len(branches) > 1 else "correct attempt")
-        best, steps = None, []
-        for a in ordered:
-            if a.get("verdict") == "correct" and a.get(key) is not None and (best is None or a[key] > best):
-                best = a[key]
-            if best is not None:
-                steps.append((a["number"], best))
+        steps = [(a["number"], best[key]) for a, best in zip(ordered, bests) if best and best.get(key) is not None]
         if steps:
             ax.step(*zip(*steps), where="post", color="black", linewidth=1.6, label="best so far")
         failed = [a["number"] for a in ordered if a.get("verdict") != "correct"]
@@ -308,7 +304,7 @@ def write_report(run_id: str, db_path: str | os.PathLike, out_dir: str | os.Path
         except StoreError as e:
             raise ReportError(str(e)) from None
         attempts = store.attempts(run_id)
-        best = store.get_attempt(run["best_attempt_id"]) if run.get("best_attempt_id") else store.best_attempt(run_id)
+        best = store.best_attempt(run_id)
     finally:
         store.close()
     out_dir = Path(out_dir)
@@ -334,7 +330,8 @@ def write_report(run_id: str, db_path: str | os.PathLike, out_dir: str | os.Path
 # -- leaderboard -----------------------------------------------------------------------------------------------------
 
 def leaderboard(db_paths: list[str | os.PathLike]) -> list[dict]:
-    """The best verified kernel per target across databases (fastest over eager; untimed ones rank last)."""
+    """Per target across databases, the fastest of the runs' best kernels (tools.store.fastest_key: untimed ones
+    last; of equals, the first met: the newest run of the first database)."""
     best_by_target: dict[str, dict] = {}
     for db_path in db_paths:
         store = _open(db_path)
@@ -349,13 +346,8 @@ def leaderboard(db_paths: list[str | os.PathLike]) -> list[dict]:
                          "speedup_compile": attempt.get("speedup_compile"),
                          "sol_fraction": attempt.get("sol_fraction"), "gpu": run.get("gpu_name")}
                 current = best_by_target.get(entry["target"])
-                if current is None or _rank(entry) > _rank(current):
+                if current is None or fastest_key(entry) < fastest_key(current):
                     best_by_target[entry["target"]] = entry
         finally:
             store.close()
     return [best_by_target[t] for t in sorted(best_by_target, key=str)]
-
-
-def _rank(entry: dict) -> tuple:
-    speedup = entry["speedup_eager"]
-    return (speedup is not None, speedup or 0.0)

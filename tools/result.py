@@ -5,7 +5,7 @@
     EvalResult.from_dict(row)         # back from JSON; unknown keys are ignored, missing ones take defaults
 
 Every module that reads a result reads these attributes, never string keys, so a renamed field is a type error
-instead of a silently missing fact. docs/design.md lists the fields; tests/test_result.py checks that list.
+instead of a silently missing fact. docs/design.md lists the fields; tests/test_docs.py checks that list.
 """
 from __future__ import annotations
 

@@ -59,8 +59,13 @@ JSON_COLUMNS = {
     "roofline", "correctness", "ncu", "nvml", "flags", "durations", "result", "content", "gpu",
 }
 RUN_STATUSES = ("running", "finished", "stopped", "failed")
-# The one definition of a run's best attempt, for every reader (store, export, report, bench, leaderboard).
+# Two ideas, two names (docs/design.md, "Best and fastest"):
+# - a run's *best* is the attempt runs.best_attempt_id names. The loop alone moves it (takes_the_lead); every reader
+#   asks for it through BEST_SQL (Store.best_attempt, progress, list_runs), so all of them agree with the loop.
+# - the *fastest* of some verified attempts orders them by measured speedup over eager, untimed ones last, the
+#   earlier of equals first: FASTEST_ORDER in SQL, fastest_key in Python (tests/test_store.py: the same order).
 BEST_SQL = "SELECT {columns} FROM runs r JOIN attempts a ON a.id = r.best_attempt_id WHERE r.id = ?"
+FASTEST_ORDER = "speedup_eager IS NULL, speedup_eager DESC, number"
 
 
 def attempt_columns(result: EvalResult) -> dict:
@@ -83,6 +88,46 @@ class StoreError(Exception):
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def takes_the_lead(result: EvalResult, best: dict | None) -> bool:
+    """Whether an attempt with this result becomes the run's best, given the standing best's row (None: no best
+    yet). Only a correct one can; it wins by the paired re-measurement when there was one, else (the best's plans
+    are gone, or it was never timed) by its own median. Untimed results never displace a best (CPU interpreter:
+    the first verified attempt stays the best)."""
+    if not result.correct:
+        return False
+    if best is None:
+        return True
+    if result.vs_best is not None:
+        return result.vs_best.outcome == "faster"
+    best_median = (best.get("time_us") or {}).get("median")
+    return result.median_us is not None and (best_median is None or result.median_us < best_median)
+
+
+def best_so_far(attempts: list[dict]) -> list[dict | None]:
+    """The run's best as the loop held it after each of these attempts (rows in number order): takes_the_lead
+    replayed on their logged results. For logged runs seen attempt by attempt (the report's best-so-far line,
+    export's rebuilt conversations); a whole run's best is runs.best_attempt_id."""
+    best, out = None, []
+    for row in attempts:
+        if takes_the_lead(EvalResult.from_dict(row.get("result")), best):
+            best = row
+        out.append(best)
+    return out
+
+
+def best_after(attempts: list[dict]) -> dict | None:
+    """The run's best as the loop held it after these attempts (rows in number order)."""
+    return best_so_far(attempts)[-1] if attempts else None
+
+
+def fastest_key(attempt) -> tuple:
+    """Sort key of FASTEST_ORDER (ascending: the fastest first; `min` gives the fastest) for attempts given in number
+    order, since sorted and min keep the earlier of equals. `attempt`: an attempts row, or anything with a
+    speedup_eager attribute (agent.policy.AttemptView)."""
+    speedup = attempt.get("speedup_eager") if isinstance(attempt, dict) else attempt.speedup_eager
+    return (speedup is None, -(speedup or 0.0))
 
 
 def gpu_columns(gpu: dict | None) -> dict:
@@ -278,10 +323,6 @@ class Store:
             for message in messages:
                 self.add_message(run_id, message, attempt_id=attempt_id, branch=row["branch"], turn=row.get("turn"))
         return attempt_id
-
-    def update_attempt(self, attempt_id: int, **cols: Any) -> None:
-        with self._write():
-            self.db["attempts"].update(attempt_id, _check(cols, ATTEMPT_COLUMNS))
 
     def get_attempt(self, attempt_id: int) -> dict:
         rows = self._select("SELECT * FROM attempts WHERE id = ?", [attempt_id])

@@ -149,11 +149,6 @@ def module_from_source(source: str, overrides: dict, name: str = "kloop_target")
     return module
 
 
-def builtin_names() -> list[str]:
-    from tools.targets import BUILTIN_TARGETS
-    return list(BUILTIN_TARGETS)
-
-
 def load_target(spec: str) -> Target:
     """A built-in name (`vector_add`) or a path to a KernelBench-style module."""
     from tools.targets import BUILTIN_TARGETS, path_of

@@ -19,6 +19,7 @@ import httpx2
 from agent import prompting
 from agent.inspect_tools import SUBMIT, TOOLS
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext, RunDigest
+from tools.wire import anthropic as wire
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,9 @@ class AnthropicPolicy:
             logged.append(Message("error", {"error": problem, "type": type(e).__name__}, provider=PROVIDER,
                                   model=self.model, latency_s=time.monotonic() - started))
             return Proposal("", "", "", messages=logged, format_error=problem)
-        logged.append(self._response_message(response, time.monotonic() - started))
-        return self._read(ctx, turn, response, logged)
+        body = response.to_dict()
+        logged.append(self._response_message(body, time.monotonic() - started))
+        return self._read(ctx, turn, body, logged)
 
     def reflect(self, ctx: ProposeContext, attempt: AttemptView) -> tuple[str, list[Message]]:
         # The model reflects in its next turn, where the evidence is in front of it; a separate call would only cost.
@@ -143,9 +145,10 @@ class AnthropicPolicy:
             logged.append(Message("error", {"error": f"lesson call failed: {_describe(e)}", "type": type(e).__name__},
                                   provider=PROVIDER, model=self.model, latency_s=time.monotonic() - started))
             return [], [], logged
-        logged.append(self._response_message(response, time.monotonic() - started))
-        text = "\n".join(b.text for b in response.content if b.type == "text")
-        return (*prompting.lessons_from_text(text), logged)
+        body = response.to_dict()
+        logged.append(self._response_message(body, time.monotonic() - started))
+        reply = wire.read_response(body)
+        return (*prompting.lessons_from_text(reply.text if reply else ""), logged)
 
     # -- requests --------------------------------------------------------------------------------------------------
     def _first_message(self, ctx: ProposeContext) -> dict:
@@ -178,29 +181,24 @@ class AnthropicPolicy:
             params["output_config"] = {"effort": self.effort}
         return params
 
-    def _response_message(self, response, latency: float) -> Message:
-        usage = response.usage
-        tokens = dict(input_tokens=usage.input_tokens or 0, output_tokens=usage.output_tokens or 0,
-                      cache_write_tokens=usage.cache_creation_input_tokens or 0,
-                      cache_read_tokens=usage.cache_read_input_tokens or 0)
+    def _response_message(self, body: dict, latency: float) -> Message:
+        tokens = wire.tokens(body)
         cost = cost_usd(self.model, tokens["input_tokens"], tokens["output_tokens"], tokens["cache_write_tokens"],
                         tokens["cache_read_tokens"])
-        return Message("response", response.to_dict(), provider=PROVIDER, model=self.model, latency_s=latency,
-                       cost_usd=cost, **tokens)
+        return Message("response", body, provider=PROVIDER, model=self.model, latency_s=latency, cost_usd=cost,
+                       **tokens)
 
     # -- answers ---------------------------------------------------------------------------------------------------
-    def _read(self, ctx: ProposeContext, turn: _Turn, response, logged: list[Message]) -> Proposal:
-        blocks = response.content
-        text = "\n".join(b.text for b in blocks if b.type == "text").strip()
-        calls = [b for b in blocks if b.type == "tool_use"]
-        submissions = [b for b in calls if b.name == SUBMIT]
+    def _read(self, ctx: ProposeContext, turn: _Turn, body: dict, logged: list[Message]) -> Proposal:
+        reply = wire.read_response(body) or wire.read_blocks([], body.get("stop_reason"))
+        text = reply.text.strip()
+        calls, submissions = reply.calls, reply.submissions
         if calls and not submissions and turn.rounds < self.max_tool_rounds:
-            # Thinking blocks go back unchanged (with their signatures): the API requires it during tool use.
-            turn.messages.append({"role": "assistant", "content": [b.to_dict() for b in blocks]})
+            turn.messages.append(wire.assistant_turn(body))  # thinking blocks go back unchanged, as the API requires
             turn.rounds += 1
-            turn.pending_ids = [b.id for b in calls]
+            turn.pending_ids = [c.id for c in calls]
             return Proposal("", "", text, messages=logged,
-                            tool_calls=[{"id": b.id, "name": b.name, "input": b.input} for b in calls])
+                            tool_calls=[{"id": c.id, "name": c.name, "input": c.input} for c in calls])
         self._turns.pop(ctx.branch, None)
         if submissions:
             candidate, problem = prompting.candidate_from_submission(submissions[-1].input)
@@ -209,7 +207,7 @@ class AnthropicPolicy:
         else:
             candidate, problem = prompting.candidate_from_text(text)
             if candidate is None:
-                problem = _why_no_candidate(response.stop_reason, problem)
+                problem = _why_no_candidate(reply.stop, problem)
         if candidate is None:  # the graph logs it as a rejected attempt, so the next turn's history shows why
             return Proposal("", "", text, messages=logged, format_error=problem)
         return Proposal(candidate.language, candidate.source, candidate.rationale or text, messages=logged)

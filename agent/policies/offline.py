@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from agent.diagnose import diagnose
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
 from tools.rules import detect_language
-from tools.store import Store, source_hash
+from tools.store import Store, fastest_key, source_hash
 
 MARK = "# kloop-offline: "
 NO_STARTERS = ("the offline policy only knows built-in targets; give --seed-kernel FILE or use an LLM policy "
@@ -202,9 +202,8 @@ def anchors(ctx: ProposeContext, rest: list[AttemptView] = ()) -> list[AttemptVi
     """Attempts to search around: the strategy's parent, then correct ones fastest first (the run's best leads), then
     all others newest first; then `rest` (the run's other attempts), correct ones fastest first."""
     seen, ordered = set(), []
-    correct = sorted((a for a in ctx.history if a.verdict == "correct"),
-                     key=lambda a: (-(a.speedup_eager or 0), a.number))
-    others = sorted((a for a in rest if a.verdict == "correct"), key=lambda a: (-(a.speedup_eager or 0), a.number))
+    correct = sorted((a for a in ctx.history if a.verdict == "correct"), key=fastest_key)
+    others = sorted((a for a in rest if a.verdict == "correct"), key=fastest_key)
     for a in (([ctx.parent] if ctx.parent else []) + ([ctx.best] if ctx.best else []) + correct
               + list(reversed(ctx.history)) + others):
         if a.id not in seen:

@@ -18,6 +18,7 @@ import openai
 from agent import prompting
 from agent.inspect_tools import SUBMIT, TOOLS, openai_tools
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext, RunDigest
+from tools.wire import openai as wire
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,10 @@ class OpenAIPolicy:
             logged.append(Message("error", {"error": f"lesson call failed: {_describe(e)}", "type": type(e).__name__},
                                   provider=PROVIDER, model=self.model, latency_s=time.monotonic() - started))
             return [], [], logged
-        logged.append(self._response_message(response, time.monotonic() - started))
-        text = (response.choices[0].message.content or "") if response.choices else ""
-        return (*prompting.lessons_from_text(text), logged)
+        body = response.to_dict()
+        logged.append(self._response_message(body, time.monotonic() - started))
+        reply = wire.read_response(body)
+        return (*prompting.lessons_from_text(reply.text if reply else ""), logged)
 
     # -- requests --------------------------------------------------------------------------------------------------
     def _first_messages(self, ctx: ProposeContext) -> list[dict]:
@@ -114,9 +116,9 @@ class OpenAIPolicy:
             messages.append({"role": "user", "content": f"That was the last inspection round: call {SUBMIT} now."})
         return messages
 
-    def _call(self, ctx: ProposeContext, turn: _Turn, logged: list[Message]):
-        """One request; None when it failed (an error message is logged), after switching to text mode if the
-        server refused tools."""
+    def _call(self, ctx: ProposeContext, turn: _Turn, logged: list[Message]) -> dict | None:
+        """One request; its response body (logged last), or None when it failed (an error message is logged), after
+        switching to text mode if the server refused tools."""
         params = {"model": self.model, "messages": turn.messages, "max_completion_tokens": self.max_tokens}
         if self.use_tools:
             params["tools"] = openai_tools(TOOLS)
@@ -141,40 +143,35 @@ class OpenAIPolicy:
             logged.append(Message("error", {"error": problem, "type": type(e).__name__}, provider=PROVIDER,
                                   model=self.model, latency_s=time.monotonic() - started))
             return None
-        logged.append(self._response_message(response, time.monotonic() - started))
-        return response
+        body = response.to_dict()
+        logged.append(self._response_message(body, time.monotonic() - started))
+        return body
 
-    def _response_message(self, response, latency: float) -> Message:
-        usage = response.usage
-        prompt = usage.prompt_tokens if usage else 0
-        details = usage.prompt_tokens_details if usage else None
-        cached = (details.cached_tokens or 0) if details else 0
-        output = usage.completion_tokens if usage else 0
-        cost = (prompt * self.price[0] + output * self.price[1]) / 1e6 if self.price else 0.0
-        return Message("response", response.to_dict(), provider=PROVIDER, model=self.model, latency_s=latency,
-                       input_tokens=prompt - cached, cache_read_tokens=cached, output_tokens=output, cost_usd=cost)
+    def _response_message(self, body: dict, latency: float) -> Message:
+        tokens = wire.tokens(body)
+        prompt = tokens["input_tokens"] + tokens["cache_read_tokens"]
+        cost = (prompt * self.price[0] + tokens["output_tokens"] * self.price[1]) / 1e6 if self.price else 0.0
+        return Message("response", body, provider=PROVIDER, model=self.model, latency_s=latency, cost_usd=cost,
+                       **tokens)
 
     # -- answers ---------------------------------------------------------------------------------------------------
-    def _read(self, ctx: ProposeContext, turn: _Turn, response, logged: list[Message]) -> Proposal:
-        if not response.choices:
+    def _read(self, ctx: ProposeContext, turn: _Turn, body: dict, logged: list[Message]) -> Proposal:
+        reply = wire.read_response(body)
+        if reply is None:
             self._turns.pop(ctx.branch, None)
             return Proposal("", "", "", messages=logged, format_error="the server returned no choices")
-        choice = response.choices[0]
-        message = choice.message
-        text = (message.content or "").strip()
-        calls = [c for c in (message.tool_calls or []) if c.type == "function"]
-        submissions = [c for c in calls if c.function.name == SUBMIT]
+        text = reply.text.strip()
+        calls, submissions = reply.calls, reply.submissions
         if calls and not submissions and turn.rounds < self.max_tool_rounds:
-            turn.messages.append({"role": "assistant", "content": message.content,
-                                  "tool_calls": [c.to_dict() for c in calls]})
+            turn.messages.append(wire.assistant_turn(body))
             turn.rounds += 1
             turn.pending_ids = [c.id for c in calls]
             # Arguments that are not JSON go to the tool node as text; run_tool answers with a clear error.
             return Proposal("", "", text, messages=logged, tool_calls=[
-                {"id": c.id, "name": c.function.name, "input": _arguments(c.function.arguments)} for c in calls])
+                {"id": c.id, "name": c.name, "input": c.input} for c in calls])
         self._turns.pop(ctx.branch, None)
         if submissions:
-            arguments = _arguments(submissions[-1].function.arguments)
+            arguments = submissions[-1].input
             if isinstance(arguments, str):
                 candidate, problem = None, f"{SUBMIT} arguments are not valid JSON"
             else:
@@ -183,18 +180,11 @@ class OpenAIPolicy:
             candidate, problem = None, f"still inspecting after {self.max_tool_rounds} rounds, no submission"
         else:
             candidate, problem = prompting.candidate_from_text(text)
-            if choice.finish_reason == "length":
+            if reply.stop == "length":
                 problem = "the answer was cut off at max_tokens before a candidate"
         if candidate is None:
             return Proposal("", "", text, messages=logged, format_error=problem)
         return Proposal(candidate.language, candidate.source, candidate.rationale or text, messages=logged)
-
-
-def _arguments(raw: str) -> dict | str:
-    try:
-        return json.loads(raw or "{}")
-    except json.JSONDecodeError:
-        return raw
 
 
 def _describe(error: openai.APIError) -> str:

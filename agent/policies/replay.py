@@ -6,12 +6,11 @@ not candidates then and are skipped now. When a branch has nothing left the poli
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict, deque
 
 from agent import prompting
-from agent.inspect_tools import SUBMIT
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
+from tools import wire
 from tools.store import StoreError
 
 
@@ -51,31 +50,12 @@ class ReplayPolicy:
 
 def candidate_from_response(provider: str, body) -> prompting.Candidate | None:
     """The candidate a logged response body carried, or None (inspection only, unusable, or an unknown provider)."""
-    if not isinstance(body, dict):
+    reply = wire.read_response(provider, body)
+    if reply is None:
         return None
-    if provider == "anthropic":
-        blocks = body.get("content") or []
-        calls = [b for b in blocks if b.get("type") == "tool_use"]
-        submissions = [b for b in calls if b.get("name") == SUBMIT]
-        if submissions:
-            return prompting.candidate_from_submission(submissions[-1].get("input"))[0]
-        if calls:
-            return None
-        return prompting.candidate_from_text("\n".join(b.get("text", "") for b in blocks if b.get("type") == "text"))[0]
-    if provider == "openai":
-        choices = body.get("choices") or []
-        if not choices:
-            return None
-        message = choices[0].get("message") or {}
-        calls = [c.get("function") or {} for c in message.get("tool_calls") or []]
-        submissions = [c for c in calls if c.get("name") == SUBMIT]
-        if submissions:
-            try:
-                arguments = json.loads(submissions[-1].get("arguments") or "{}")
-            except json.JSONDecodeError:
-                return None
-            return prompting.candidate_from_submission(arguments)[0]
-        if calls:
-            return None
-        return prompting.candidate_from_text(message.get("content") or "")[0]
-    return None
+    if reply.submissions:
+        call = reply.submissions[-1]
+        return prompting.candidate_from_submission(call.input)[0] if call.parsed else None
+    if reply.calls:
+        return None
+    return prompting.candidate_from_text(reply.text)[0]
