@@ -382,7 +382,6 @@ class Evaluation:
         reply = self._call(self.executor, self._run_timeout(), "run", key=key, timed=timed)
         if not self._ok(reply, hidden=i or None, stage="profile" if timed else ""):
             return None
-        self._last_run = reply
         return self._check(i, seed, key, stats, spread)
 
     def _check(self, i: int, seed: int, key: str, stats: Correctness | None,
