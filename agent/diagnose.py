@@ -10,6 +10,12 @@ from tools.result import EvalResult
 LOW_OCCUPANCY = 0.5        # below half the warps an SM can hold, latency hiding suffers
 MANY_REGISTERS = 128       # per thread; above this occupancy is capped at a quarter or less
 MEMORY_SOL_GOAL = 0.8      # a memory-bound kernel below 80% of bandwidth still has room
+COMPUTE_SOL_GOAL = 0.85    # a compute-bound kernel below 85% of the tensor peak still has room (cuBLAS: ~80-90%)
+TENSOR_BUSY = 80.0         # percent of cycles the tensor pipe is active: above this the math is the limit
+# Stall reasons (Nsight Compute) that mean warps wait for data: for a tensor-core kernel, loads that arrive too late
+# (more pipeline stages, a producer warp group, bigger tiles); and ones that mean shared memory is the bottleneck.
+WAITING_STALLS = ("long_scoreboard", "barrier", "wait", "lg_throttle", "membar", "sleeping")
+SHARED_STALLS = ("mio_throttle", "short_scoreboard")
 
 
 def diagnose(result: EvalResult) -> tuple[str, dict]:
@@ -36,10 +42,14 @@ def diagnose(result: EvalResult) -> tuple[str, dict]:
         lines.append(f"{main.kernel}: {main.registers} registers, {main.spills or 0} spilled, "
                      f"{main.shared_bytes or 0} B shared, occupancy {_pct(main.occupancy)}")
     facts["spilling"] = bool(facts.get("spills"))
-    facts["low_occupancy"] = facts.get("occupancy") is not None and facts["occupancy"] < LOW_OCCUPANCY
+    # A tensor-core tile kernel is one program per SM by design: its low occupancy is no symptom.
+    facts["low_occupancy"] = (facts.get("occupancy") is not None and facts["occupancy"] < LOW_OCCUPANCY
+                              and facts["bound"] != "compute")
     facts["register_heavy"] = (facts.get("registers") or 0) > MANY_REGISTERS
     facts["memory_room"] = (facts["bound"] == "memory" and facts["sol_fraction"] is not None
                             and facts["sol_fraction"] < MEMORY_SOL_GOAL)
+    facts["compute_room"] = (facts["bound"] == "compute" and facts["sol_fraction"] is not None
+                             and facts["sol_fraction"] < COMPUTE_SOL_GOAL)
     if facts["spilling"]:
         lines.append("registers spill to local memory: use smaller tiles or fewer rows per program")
     if facts["low_occupancy"] and facts["register_heavy"]:
@@ -58,10 +68,30 @@ def diagnose(result: EvalResult) -> tuple[str, dict]:
         facts.setdefault("top_stall", top[0][0] if top else None)
         facts.setdefault("achieved_occupancy", None if counters.achieved_occupancy_pct is None
                          else counters.achieved_occupancy_pct / 100)
+        facts.setdefault("tensor_pct", counters.tensor_pct)
         lines.append(f"ncu {kernel}: DRAM {_pct(counters.dram_pct, scale=0.01)}, "
                      f"SM {_pct(counters.sm_pct, scale=0.01)}, "
-                     f"achieved occupancy {_pct(counters.achieved_occupancy_pct, scale=0.01)}"
+                     + (f"tensor pipe {_pct(counters.tensor_pct, scale=0.01)}, " if counters.tensor_pct is not None
+                        else "")
+                     + f"achieved occupancy {_pct(counters.achieved_occupancy_pct, scale=0.01)}"
                      + (", top stalls " + ", ".join(f"{k} {v:.1f}" for k, v in top) if top else ""))
+    facts["tensor_busy"] = facts.get("tensor_pct") is not None and facts["tensor_pct"] >= TENSOR_BUSY or \
+        facts.get("top_stall") == "math_pipe_throttle"
+    facts["waiting_on_loads"] = facts["bound"] == "compute" and facts.get("top_stall") in WAITING_STALLS
+    facts["shared_bound"] = facts["bound"] == "compute" and facts.get("top_stall") in SHARED_STALLS
+    if facts["compute_room"]:
+        if facts["tensor_busy"]:
+            lines.append("the tensor pipe is busy: what is left is the epilogue and tile edges: overlap them "
+                         "(persistent programs, warp specialization, a subtiled epilogue)")
+        elif facts["waiting_on_loads"]:
+            lines.append(f"compute-bound below {COMPUTE_SOL_GOAL:.0%} of peak, warps wait for their tiles "
+                         f"({facts['top_stall']}): more pipeline stages, a TMA producer warp group, bigger tiles")
+        elif facts["shared_bound"]:
+            lines.append(f"compute-bound below {COMPUTE_SOL_GOAL:.0%} of peak, shared memory is the bottleneck "
+                         f"({facts['top_stall']}): bigger tiles (more math per byte), fewer warps sharing it")
+        else:
+            lines.append(f"compute-bound below {COMPUTE_SOL_GOAL:.0%} of peak: bigger tiles, deeper pipelining, "
+                         "warp specialization")
 
     if result.speedup_over("eager") is not None:
         lines.append(f"speedup {result.speedup_over('eager'):.2f}x over eager, "

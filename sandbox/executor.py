@@ -21,6 +21,7 @@ Commands (JSON lines in, JSON lines out on the control fd), see sandbox/evaluate
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import sys
@@ -98,11 +99,7 @@ class Executor:
             self.flush = torch.empty(2 * l2, dtype=torch.uint8, device=DEVICE)
             import triton
 
-            triton.set_allocator(self._scratch)  # Triton kernels that need global scratch get it from us
-
-    @staticmethod
-    def _scratch(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device=DEVICE)
+            triton.set_allocator(_no_scratch)  # global scratch comes from the plan's allocations only (_steps)
 
     # -- commands -------------------------------------------------------------------------------------------------
     def shape(self, shape: str, target_source: str, overrides: dict) -> dict:
@@ -314,7 +311,11 @@ class Executor:
             kernel = loaded.kernels[step.kernel]
             if kind == "triton":
                 args = [self._triton_arg(loaded, inputs, a) for a in step.args]
-                kernel[tuple(step.grid)](*args)
+                if step.scratch is None:
+                    kernel[tuple(step.grid)](*args)
+                else:  # Triton's launcher asks its allocator for global scratch: it gets the plan's allocation
+                    with _scratch_from(self._buffer(loaded, inputs, step.scratch)):
+                        kernel[tuple(step.grid)](*args)
             elif kind == "ptx":
                 from tools.launch import launch_function
 
@@ -359,7 +360,35 @@ class Executor:
             return a.value
         if isinstance(a, planfmt.Constexpr):
             return _constexpr(a.value)
-        raise ExecutorError("rejected", "tensor descriptors need a GPU")
+        if isinstance(a, planfmt.Descriptor):  # bounds were checked against the buffer when the plan was loaded
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            base = self._interpreted_arg(loaded, inputs, a.base)
+            return TensorDescriptor(base, a.shape, a.strides, a.block_shape, a.padding)
+        raise ExecutorError("rejected", f"unknown argument {type(a).__name__}")
+
+
+def _no_scratch(size: int, alignment: int, stream):
+    raise ExecutorError("rejected", "a kernel asked for global scratch memory its plan does not provide")
+
+
+@contextlib.contextmanager
+def _scratch_from(buffer: torch.Tensor):
+    """Triton's allocator, for one launch, serving a plan allocation (its size was checked against the kernel's
+    metadata when the plan was loaded)."""
+    import triton
+
+    def allocate(size: int, alignment: int, stream):
+        if size > buffer.numel() or buffer.data_ptr() % max(alignment, 1):
+            raise ExecutorError("runtime_error", f"global scratch of {size} bytes (aligned to {alignment}) does not "
+                                "fit the plan's allocation")
+        return buffer
+
+    triton.set_allocator(allocate)
+    try:
+        yield
+    finally:
+        triton.set_allocator(_no_scratch)
 
 
 def _literal(value) -> str:

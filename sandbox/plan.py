@@ -17,7 +17,9 @@ travel with the plan.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +41,15 @@ INT_TYPES = {"i1": (0, 1), "i8": (-2**7, 2**7 - 1), "i16": (-2**15, 2**15 - 1), 
              "i64": (-2**63, 2**63 - 1), "u1": (0, 1), "u8": (0, 2**8 - 1), "u16": (0, 2**16 - 1),
              "u32": (0, 2**32 - 1), "u64": (0, 2**64 - 1)}
 FLOAT_TYPES = ("fp16", "bf16", "fp32", "f32", "fp64")
+# Element types as Triton's signatures name them, as plan dtypes.
+TRITON_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64", "i64": "int64",
+                 "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "i1": "bool", "u16": "uint16",
+                 "u32": "uint32", "u64": "uint64", "fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2"}
+_POINTER_SIG = re.compile(r"\*k?[a-z0-9]{1,16}")
+_TENSORDESC_SIG = re.compile(r"tensordesc<(" + "|".join(TRITON_DTYPES) + r")\[(\d+(?:, ?\d+){0,4})\]>")
 KERNEL_KINDS = ("triton", "interpreted", "ptx")
 MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_SCRATCH = 1 << 32            # Triton global scratch of one launch (device-side TMA descriptors use 128 B/program)
 
 
 class PlanError(ValueError):
@@ -76,10 +85,11 @@ class Constexpr:
 
 @dataclass
 class Descriptor:
-    """A host-side TMA tensor descriptor (triton.tools.tensor_descriptor.TensorDescriptor) over a buffer."""
+    """A host-side TMA tensor descriptor (triton.tools.tensor_descriptor.TensorDescriptor) over a buffer: the
+    executor builds its own from these fields, and only after they were checked to stay inside the buffer."""
     base: Pointer
     shape: list[int]
-    strides: list[int]
+    strides: list[int]          # in elements, the last one 1
     block_shape: list[int]
     padding: str = "zero"
 
@@ -117,6 +127,8 @@ class Launch:
     args: list                 # every parameter in order, constexprs included
     block: list[int] = field(default_factory=lambda: [1, 1, 1])   # ptx
     shared: int = 0                                        # ptx dynamic shared bytes
+    scratch: Ref | None = None  # triton: the allocation serving as the kernel's global scratch (device-side TMA
+                                # descriptors live there), checked to hold what the kernel's metadata asks for
 
 
 @dataclass
@@ -307,6 +319,12 @@ class _Checker:
                     raise PlanError(f"Triton metadata lacks {key}")
             if k.metadata["name"] != k.name:
                 raise PlanError("Triton metadata names another kernel")
+            for key in ("global_scratch_size", "profile_scratch_size"):
+                _int(k.metadata.get(key, 0), f"Triton metadata {key}", 0, MAX_SCRATCH)
+            _int(k.metadata.get("num_ctas", 1), "Triton metadata num_ctas", 1, 16)
+            if k.metadata.get("profile_scratch_size", 0):
+                raise PlanError(f"kernel {k.name} was built with profiling instrumentation (profile scratch), "
+                                "which kloop does not replay")
             k.blob = _blob_name(d.get("blob"))
             self._blob(k.blob, _int(d.get("blob_bytes"), "cubin size", 1, 1 << 30))
             k.ptx = _text(d.get("ptx", ""), "ptx")
@@ -387,20 +405,55 @@ class _Checker:
             raise PlanError(f"unknown scalar type {t!r}")
         if kind == "constexpr":
             return Constexpr(_json_scalar(value, "constexpr"))
-        if kind == "desc":
-            s = _obj(value, "descriptor")
-            base = self.pointer(s.get("base"))
-            if base.ref is None:
-                raise PlanError("a tensor descriptor has no base")
-            shape, strides = _ints(s.get("shape"), "descriptor shape"), _ints(s.get("strides"), "descriptor strides")
-            self.span(base.ref, base.offset, base.dtype, shape, strides, "a tensor descriptor")
-            padding = s.get("padding", "zero")
-            if padding not in ("zero", "nan"):
-                raise PlanError("descriptor padding is zero or nan")
-            return Descriptor(base, shape, strides, _ints(s.get("block_shape"), "block shape"), padding)
+        if kind == "desc":  # an interpreted kernel's (a Triton kernel's are checked by triton_args)
+            return self.descriptor(value, None)
         if kind == "tuple":
             return tuple(self.arg(x, depth + 1) for x in _list(value, "tuple argument", 64))
         raise PlanError(f"unknown argument kind {kind!r}")
+
+    def descriptor(self, raw, sig: str | None, meta: dict | None = None) -> Descriptor:
+        """A host-side tensor descriptor: every byte it lets the TMA unit (or the kernel) reach must lie inside its
+        buffer, counted in the element size the kernel will use (its signature's, not the recorded base's), and it
+        must be one the TMA unit accepts (16-byte aligned base and strides, contiguous last dimension)."""
+        s = _obj(raw, "descriptor")
+        base = self.pointer(s.get("base"))
+        if base.ref is None:
+            raise PlanError("a tensor descriptor has no base")
+        shape, strides = _ints(s.get("shape"), "descriptor shape"), _ints(s.get("strides"), "descriptor strides")
+        block = _ints(s.get("block_shape"), "descriptor block shape")
+        padding = s.get("padding", "zero")
+        if padding not in ("zero", "nan"):
+            raise PlanError("descriptor padding is zero or nan")
+        dtype = base.dtype
+        if sig is not None:
+            declared = tensordesc_type(sig)
+            if declared is None:
+                raise PlanError(f"a tensor descriptor is passed where the kernel takes {sig}")
+            dtype, declared_block = declared
+            if block != declared_block:
+                raise PlanError(f"a tensor descriptor's block shape {block} is not the {declared_block} its kernel "
+                                "was compiled for")
+        itemsize = ITEMSIZE[dtype]
+        if meta is not None and (meta.get("elem_size") != itemsize or meta.get("fp4_padded")):
+            raise PlanError("the kernel's tensor descriptor metadata disagrees with its signature")
+        rank = len(shape)
+        if not 1 <= rank <= 5 or len(strides) != rank or len(block) != rank:
+            raise PlanError("a tensor descriptor has 1 to 5 dimensions, with as many strides and block sizes")
+        if any(n < 1 or n >= 1 << 32 for n in shape):
+            raise PlanError("a tensor descriptor's sizes must be in [1, 2^32)")
+        if strides[-1] != 1:
+            raise PlanError("a tensor descriptor's last dimension must be contiguous (stride 1)")
+        if any((st * itemsize) % 16 or st * itemsize >= 1 << 40 for st in strides[:-1]):
+            raise PlanError("a tensor descriptor's strides must be multiples of 16 bytes (and below 2^40 bytes)")
+        if any(b < 1 or b > 256 or b & (b - 1) for b in block):
+            raise PlanError("a tensor descriptor's block sizes must be powers of two up to 256")
+        if base.offset % 16:
+            raise PlanError("a tensor descriptor's base must be 16-byte aligned")
+        reach = base.offset + (sum((n - 1) * st for n, st in zip(shape, strides)) + 1) * itemsize
+        if reach > self.current.nbytes(base.ref):
+            raise PlanError(f"a tensor descriptor reaches {reach} bytes into {base.ref.kind} {base.ref.index}, "
+                            f"which holds {self.current.nbytes(base.ref)}: its shape and strides go past the buffer")
+        return Descriptor(Pointer(base.ref, base.offset, dtype), shape, strides, block, padding)
 
     def step(self, raw):
         d = _obj(raw, "step")
@@ -421,11 +474,15 @@ class _Checker:
             grid = _ints(d.get("grid"), "grid")
             if len(grid) != 3 or any(not 1 <= g <= m for g, m in zip(grid, MAX_GRID)):
                 raise PlanError(f"grid {grid} is outside the GPU's limits")
-            launch = Launch(kernel, grid, [self.arg(a) for a in _list(d.get("args"), "arguments", 512)])
             k = self.current.kernels[kernel]
-            if k.kind in ("triton", "interpreted") and len(launch.args) != len(k.arg_names):
+            raw_args = _list(d.get("args"), "arguments", 512)
+            if k.kind in ("triton", "interpreted") and len(raw_args) != len(k.arg_names):
                 raise PlanError(f"kernel {k.name} takes {len(k.arg_names)} arguments, the launch passes "
-                                f"{len(launch.args)}")
+                                f"{len(raw_args)}")
+            launch = Launch(kernel, grid, self.triton_args(k, raw_args) if k.kind == "triton" else
+                            [self.arg(a) for a in raw_args])
+            if k.kind == "triton":
+                launch.scratch = self.scratch(k, grid, d.get("scratch"))
             if k.kind == "ptx":
                 launch.block = _ints(d.get("block"), "block")
                 if len(launch.block) != 3 or min(launch.block) < 1 or \
@@ -434,6 +491,43 @@ class _Checker:
                 launch.shared = _int(d.get("shared", 0), "dynamic shared memory", 0, 227 * 1024)
             return launch
         raise PlanError(f"unknown step {op!r}")
+
+    def triton_args(self, k: Kernel, raw_args: list) -> list:
+        """A Triton launch's arguments, each checked against its type in the kernel's signature."""
+        metas = k.metadata.get("tensordesc_meta") or None
+        descs = [n for n in k.arg_names if k.signature[n].startswith("tensordesc")]
+        if metas is not None and (not isinstance(metas, list) or len(metas) != len(descs)):
+            raise PlanError(f"kernel {k.name}'s metadata describes {len(metas) if isinstance(metas, list) else 0} "
+                            f"tensor descriptors, its signature has {len(descs)}")
+        args = []
+        for name, raw in zip(k.arg_names, raw_args):
+            sig = k.signature[name]
+            if sig.startswith("tensordesc"):
+                if not isinstance(raw, dict) or list(raw) != ["desc"]:
+                    raise PlanError(f"kernel {k.name} takes a tensor descriptor as {name}")
+                meta = _obj(metas[descs.index(name)], "descriptor metadata") if metas else None
+                args.append(self.descriptor(raw["desc"], sig, meta))
+            else:
+                args.append(self.arg(raw))
+                if isinstance(args[-1], Descriptor):
+                    raise PlanError(f"a tensor descriptor is passed as {name}, where kernel {k.name} takes {sig}")
+        return args
+
+    def scratch(self, k: Kernel, grid: list[int], raw) -> Ref | None:
+        """The allocation serving as a Triton launch's global scratch: as big as the kernel's metadata asks for
+        this grid (Triton's launcher: per-program size x programs x CTAs), computed here, not taken from the plan."""
+        needed = k.metadata.get("global_scratch_size", 0) * k.metadata.get("num_ctas", 1) * math.prod(grid)
+        if raw is None:
+            if needed:
+                raise PlanError(f"kernel {k.name} needs {needed} bytes of global scratch and the launch names none")
+            return None
+        ref = self.ref(raw)
+        if ref.kind != "alloc":
+            raise PlanError("a launch's global scratch must be an allocation of the plan")
+        if self.current.allocs[ref.index] < needed:
+            raise PlanError(f"kernel {k.name} needs {needed} bytes of global scratch, allocation {ref.index} holds "
+                            f"{self.current.allocs[ref.index]}")
+        return ref
 
     def output(self, raw) -> OutputSpec:
         d = _obj(raw, "output")
@@ -497,9 +591,18 @@ def _dtype(value) -> str:
 def _sig(value) -> str:
     if not isinstance(value, str) or len(value) > 128:
         raise PlanError("a signature type is a short string")
-    if value == "constexpr" or value in INT_TYPES or value in FLOAT_TYPES or value.startswith(("*", "tensordesc")):
+    if value == "constexpr" or value in INT_TYPES or value in FLOAT_TYPES or _POINTER_SIG.fullmatch(value) or \
+            _TENSORDESC_SIG.fullmatch(value):
         return value
     raise PlanError(f"unknown signature type {value!r}")
+
+
+def tensordesc_type(signature: str) -> tuple[str, list[int]] | None:
+    """(element dtype, block shape) of a Triton `tensordesc<bf16[128, 64]>` signature type; None for other types."""
+    match = _TENSORDESC_SIG.fullmatch(signature) if isinstance(signature, str) else None
+    if match is None:
+        return None
+    return TRITON_DTYPES[match.group(1)], [int(d) for d in match.group(2).split(",")]
 
 
 def _json_scalar(value, what: str):

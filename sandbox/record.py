@@ -213,7 +213,25 @@ class Recorder(TorchDispatchMode):
 
         index = self._kernel(("triton", kernel.hash), make)
         recorded = [self._triton_arg(value, signature.get(name, "constexpr")) for name, value in zip(arg_names, args)]
-        self.steps.append({"op": "launch", "kernel": index, "grid": _grid3(grid), "args": recorded})
+        step = {"op": "launch", "kernel": index, "grid": _grid3(grid), "args": recorded}
+        scratch = self._global_scratch(kernel, step["grid"])
+        if scratch is not None:
+            step["scratch"] = list(scratch.key())
+        self.steps.append(step)
+
+    def _global_scratch(self, kernel, grid: list[int]) -> planfmt.Ref | None:
+        """Triton's launcher asks its allocator for global scratch (device-side TMA descriptors live there) at each
+        launch; in the plan it is an allocation of its own, which the trusted executor makes and poisons like any."""
+        metadata = kernel.metadata
+        if getattr(metadata, "profile_scratch_size", 0):
+            raise PlanRefused("rejected", f"kernel {kernel.name} was built with profiling instrumentation (profile "
+                              "scratch), which kloop does not replay")
+        size = getattr(metadata, "global_scratch_size", 0)
+        if not size:
+            return None
+        ref = planfmt.Ref("alloc", len(self.buffers.allocs))
+        self.buffers.allocs.append(size * getattr(metadata, "num_ctas", 1) * grid[0] * grid[1] * grid[2])
+        return ref
 
     def _triton_arg(self, value, ty):
         if isinstance(ty, tuple) or isinstance(value, tuple):
@@ -230,9 +248,12 @@ class Recorder(TorchDispatchMode):
         return {"scalar": {"value": int(value), "type": ty}}
 
     def _descriptor(self, d) -> dict:
-        base = self.pointer(d.base)
-        return {"base": base, "shape": [int(s) for s in d.shape], "strides": [int(s) for s in d.strides],
-                "block_shape": [int(s) for s in d.block_shape], "padding": getattr(d, "padding", "zero")}
+        """A host-side TensorDescriptor as the buffer its base lies in, plus its fields (never a raw address)."""
+        if not isinstance(d.base, torch.Tensor):
+            raise PlanRefused("rejected", "a tensor descriptor's base must be a tensor forward can see")
+        return {"base": self.pointer(d.base), "shape": [int(s) for s in d.shape],
+                "strides": [int(s) for s in d.strides], "block_shape": [int(s) for s in d.block_shape],
+                "padding": str(getattr(d, "padding", "zero"))}
 
     def interpreted_launch(self, fn, grid, args: tuple, kwargs: dict) -> None:
         """A Triton interpreter launch (CPU): the kernel's source and what it refers to, its grid and arguments."""
@@ -252,8 +273,12 @@ class Recorder(TorchDispatchMode):
         self.steps.append({"op": "launch", "kernel": index, "grid": _grid3(grid), "args": recorded})
 
     def _interpreted_arg(self, value):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
         if isinstance(value, torch.Tensor) or value is None:
             return {"ptr": self.pointer(value)}
+        if isinstance(value, TensorDescriptor):
+            return {"desc": self._descriptor(value)}
         if isinstance(value, bool):
             return {"scalar": {"value": value, "type": "i1"}}
         if isinstance(value, int):
@@ -423,13 +448,8 @@ def recording(out_dir: Path | None, inputs: list):
 _NUMPY_TYPES = {"int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "uint16": "u16",
                 "uint32": "u32", "uint64": "u64", "float16": "fp16", "float32": "fp32", "float64": "fp64",
                 "bool": "i1"}
-_TRITON_ELEMENTS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64", "i64": "int64",
-                    "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "i1": "bool", "u16": "uint16",
-                    "u32": "uint32", "u64": "uint64", "fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2"}
-
-
 def _triton_elem(ty: str) -> str:
-    return _TRITON_ELEMENTS.get(ty.lstrip("*k"), "uint8")
+    return planfmt.TRITON_DTYPES.get(ty.lstrip("*k"), "uint8")
 
 
 def _device() -> torch.device:

@@ -48,7 +48,7 @@ def test_bench_two_targets_on_cpu_writes_json_table_and_goals(tmp_path):
         assert row["best_us"] is None and row["speedup_eager"] is None  # nothing made up without a GPU
         assert row["overhead_s_median"] > 0
     assert report["targets"][0]["best_ptx"] is None  # PTX assembles but cannot run here
-    assert [g["passed"] for g in report["goals"]] == [None, None, None, None, True, None]
+    assert [g["passed"] for g in report["goals"]] == [None, None, None, None, True, None, None, None]
     # the table and the goal list on stdout, and the plain statement that no timing is real
     assert "x compile" in proc.stdout and "geomean" in proc.stdout and "matmul_bf16" in proc.stdout
     assert "goals:" in proc.stdout and "PASS" in proc.stdout
@@ -129,13 +129,16 @@ def test_rows_fractions_and_goals_from_gpu_like_numbers():
     mm = bench.target_row("matmul_bf16", "r2", attempts[:1], {"number": 1, "language": "triton"},
                           final_result(250.0, 260.0, 240.0, 10**8, 2 * 4096**3), 30.0, copy, {"tflops": 700.0})
     assert mm["copy_fraction"] is None and mm["cublas_fraction"] == pytest.approx(2 * 4096**3 / 250e6 / 700)
-    copy_goal, compile_goal, geomean_goal, cublas_goal, minutes_goal, rate_goal = bench.goals([fast, mm], 0.1, True)
+    copy_goal, compile_goal, geomean_goal, cublas_goal, minutes_goal, rate_goal, fused_goal, count_goal = \
+        bench.goals([fast, mm], 0.1, True)
     assert copy_goal["passed"] is True and "vector_add 100%" in copy_goal["detail"]
     assert compile_goal["passed"] is False and "matmul_bf16 0.96x" in compile_goal["detail"]
     assert geomean_goal["passed"] is True and geomean_goal["detail"] == "1.25x"   # sqrt(1.5 * 1.04)
     assert cublas_goal["passed"] is False and "79%" in cublas_goal["detail"]
     assert minutes_goal["passed"] is False and "matmul_bf16 30 s" in minutes_goal["detail"]  # 0.1 min = 6 s
     assert rate_goal["passed"] is True and "matmul" not in rate_goal["detail"]  # small targets only
+    assert fused_goal["passed"] is None          # no matmul_bias_relu in this bench
+    assert count_goal["passed"] is False and count_goal["detail"] == "matmul_bf16 1"
 
 
 def test_goals_without_a_result_fail_rather_than_pass():

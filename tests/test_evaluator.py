@@ -66,6 +66,7 @@ def text_of(result) -> str:
     ("tiny_gelu", "honest_libdevice"),
     ("tiny_layernorm", "honest_layernorm_split"),
     ("tiny_linear", "honest_linear"),
+    ("tiny_scale2d", "honest_tma_desc"),
 ])
 def test_honest_kernels_of_every_kind_are_credited(session, target, name):
     r = judge(load_target(str(TARGETS / f"{target}.py")), name, session)
@@ -123,6 +124,15 @@ def test_without_the_static_rules_cheats_still_fail(tiny, session, rules_bypasse
         return
     assert r.verdict == verdict, (r.verdict, r.reasons)
     assert any(why in reason for reason in r.reasons), r.reasons
+
+
+@pytest.mark.parametrize("name, why", [
+    ("descriptor_past_its_buffer", "a tensor descriptor reaches 73728 bytes into input 0, which holds 18432"),
+    ("descriptor_raw_address", "a tensor descriptor's base must be a tensor forward can see"),
+])
+def test_tensor_descriptors_reach_only_their_own_buffer(session, name, why):
+    r = judge(load_target(str(TARGETS / "tiny_scale2d.py")), name, session)
+    assert r.verdict == "rejected" and any(why in reason for reason in r.reasons), (r.verdict, r.reasons)
 
 
 def test_forged_control_messages_never_make_a_verdict(tiny, session, rules_bypassed):

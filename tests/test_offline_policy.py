@@ -182,3 +182,76 @@ def test_diagnosis_reads_the_counters():
                                             resources=[Resources(kernel="k", source="triton")]))
     assert text.splitlines()[0] == "verdict compile_error: line 3: bad token" and "registers" not in text
     assert not (facts["spilling"] or facts["memory_room"] or facts["low_occupancy"])
+
+
+H100 = {"name": "NVIDIA H100 80GB HBM3", "sms": 132, "cc": "9.0", "smem_per_block_bytes": 232448,
+        "smem_per_sm_bytes": 233472}
+
+
+def _compute_bound(sol=0.7, **ncu):
+    return {"verdict": "correct", "roofline": {"bound": "compute", "sol_fraction": sol},
+            "resources": [{"kernel": "matmul_kernel", "source": "triton", "registers": 161, "spills": 0,
+                           "occupancy": 0.125}],
+            "ncu": {"matmul_kernel": ncu} if ncu else None}
+
+
+def _next_move_after_the_starters(best_result, gpu=H100, target="matmul_bf16"):
+    """The three starters tried, the first (persistent TMA) the best with `best_result`: the policy's next move."""
+    policy = make_policy("offline", target=load_target(target))
+
+    def ctx(history, best=None):
+        return ProposeContext(run_id="r", branch=0, turn=len(history) + 1, target_name=target, target_source="",
+                              language="triton", gpu=gpu, history=history, best=best)
+
+    history = []
+    for n in range(1, 4):
+        proposal = policy.propose(ctx(history))
+        history.append(attempt(n, proposal, result=best_result if n == 1 else None, speedup=2.0 if n == 1 else 1.0))
+    assert read_marker(history[0].source)["template"] == f"{target}/triton_tma_persistent"
+    move = policy.propose(ctx(history, best=history[0]))
+    before, after = read_marker(history[0].source)["values"], read_marker(move.source)["values"]
+    return {k: (before[k], after[k]) for k in after if after[k] != before[k]}, move.reasoning, policy, ctx, history
+
+
+def test_compute_bound_diagnosis_reads_tensor_pipe_and_stalls():
+    from agent.diagnose import diagnose
+
+    text, facts = diagnose(EvalResult.from_dict(_compute_bound(
+        tensor_pct=55.0, stalls={"long_scoreboard": 3.2, "math_pipe_throttle": 1.1})))
+    assert facts["compute_room"] and facts["waiting_on_loads"] and not facts["tensor_busy"]
+    assert not facts["low_occupancy"]      # one 161-register program per SM is how a tensor-core tile runs
+    assert "tensor pipe 55%" in text and "warps wait for their tiles (long_scoreboard)" in text
+    _, facts = diagnose(EvalResult.from_dict(_compute_bound(tensor_pct=91.0, stalls={"math_pipe_throttle": 2.0})))
+    assert facts["tensor_busy"] and not facts["waiting_on_loads"]
+    _, facts = diagnose(EvalResult.from_dict(_compute_bound(stalls={"mio_throttle": 2.5, "wait": 0.3})))
+    assert facts["shared_bound"] and facts["tensor_pct"] is None
+
+
+@pytest.mark.parametrize("result, expected, why", [
+    # Warps wait on their tiles: one more stage (4 x 48 KiB ring + 32 KiB epilogue = 224 KiB still fits an H100).
+    (_compute_bound(tensor_pct=55.0, stalls={"long_scoreboard": 3.2}), {"NUM_STAGES": (3, 4)}, "wait for their tiles"),
+    # The tensor pipe is busy: no schedule step fits (two 176 KiB programs per SM do not), no bigger tile fits
+    # (256x256 needs 256 registers a thread, BLOCK_K 128 288 KiB): the group size is what is left.
+    (_compute_bound(tensor_pct=91.0, stalls={"math_pipe_throttle": 2.0}), {"GROUP_M": (8, 16)}, "tensor pipe is busy"),
+    # Spills: a smaller tile first.
+    ({"verdict": "correct", "roofline": {"bound": "compute", "sol_fraction": 0.5},
+      "resources": [{"kernel": "matmul_kernel", "source": "triton", "registers": 255, "spills": 40}]},
+     {"BLOCK_N": (256, 128)}, "spill"),
+])
+def test_the_diagnosis_picks_the_compute_bound_move(result, expected, why):
+    changed, reasoning, *_ = _next_move_after_the_starters(result)
+    assert changed == expected and why in reasoning, (changed, reasoning)
+
+
+def test_tile_search_never_proposes_what_does_not_fit_the_gpu():
+    from agent.kernels.catalog import STARTERS
+
+    _, _, policy, ctx, history = _next_move_after_the_starters(_compute_bound())
+    fits = {s.name: s.fits for s in STARTERS["matmul_bf16"]}
+    for n in range(4, 40):
+        proposal = policy.propose(ctx(history, best=history[0]))
+        marker = read_marker(proposal.source)
+        defaults = dict(policy.by_name[marker["template"]].defaults)
+        assert fits[marker["template"]]({**defaults, **marker["values"]}, H100) is None, marker
+        history.append(attempt(n, proposal, verdict="incorrect"))
+    assert len({source_hash(a.source) for a in history}) == len(history) >= 39

@@ -240,3 +240,15 @@ def test_every_kernelbench_level1_problem_gets_shapes():
     print(f"\nhidden variants per file: {counts}; slowest small shape {slowest[0]:.2f} s ({slowest[1]}); "
           f"{time.perf_counter() - started:.0f} s in all")
     assert sum(n for k, n in counts.items() if k >= 1) >= 90
+
+
+@pytest.mark.parametrize("name", ["matmul_bf16", "matmul_bias_relu"])
+@pytest.mark.parametrize("small", [False, True])
+def test_matmul_hidden_variants_break_easy_assumptions(name, small):
+    variants = load_target(name).shapes(small)[1:]
+    assert any(v["K"] % 64 and v["K"] % 2 for v in variants)                     # K odd: no tile multiple
+    assert any(v["M"] % 2 and v["N"] % 2 for v in variants)                      # M and N odd
+    assert any(v["M"] >= 4 * v["N"] for v in variants)                           # tall and skinny
+    # rows TMA can describe (16-byte multiples in half precision), every edge ragged against a 128x128x64 tile
+    assert any(v["K"] % 8 == 0 and v["N"] % 8 == 0 and v["M"] % 2 and v["N"] % 128 and v["K"] % 64
+               for v in variants)

@@ -15,9 +15,11 @@ MEMORY_BOUND = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_su
 MATMUL = ("matmul_bf16", "matmul_bias_relu")
 COPY_BYTES = 2**30          # the copy ceiling depends on size (128 MiB reaches less than 1 GiB): use a large one
 GOAL_COPY_FRACTION = 0.9
-GOAL_CUBLAS_FRACTION = 0.9
+GOAL_CUBLAS_FRACTION = 0.95
 GOAL_GEOMEAN_EAGER = 1.2
 GOAL_CANDIDATES_PER_MINUTE = 30.0
+GOAL_FUSED_OVER_COMPILE = 1.1   # matmul_bias_relu: the fused epilogue saves a pass over the output
+GOAL_MATMUL_CANDIDATES = 20     # evaluated candidates per matmul target in the bench's budget
 
 
 def copy_bandwidth(nbytes: int = COPY_BYTES, calls: int = 30) -> dict | None:
@@ -167,4 +169,9 @@ def goals(rows: list[dict], minutes_per_target: float, timing_is_real: bool) -> 
         check(f">= {GOAL_CANDIDATES_PER_MINUTE:g} evaluated candidates per minute (small targets)", memory,
               lambda r: r["attempts_per_minute"], lambda v: v >= GOAL_CANDIDATES_PER_MINUTE, "{:.1f}/min".format,
               timing_is_real),
+        check(f"matmul_bias_relu >= {GOAL_FUSED_OVER_COMPILE:g}x torch.compile (fused epilogue)",
+              [r for r in rows if r["target"] == "matmul_bias_relu"], lambda r: r["speedup_compile"],
+              lambda v: v >= GOAL_FUSED_OVER_COMPILE, "{:.2f}x".format, timing_is_real),
+        check(f">= {GOAL_MATMUL_CANDIDATES} evaluated candidates per matmul target", matmul, lambda r: r["attempts"],
+              lambda v: v >= GOAL_MATMUL_CANDIDATES, "{:d}".format, timing_is_real),
     ]

@@ -6,6 +6,7 @@ Imports of torch / pynvml happen inside the functions so this module loads anywh
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
 import shutil
@@ -126,6 +127,8 @@ def gpu_info(device: int = 0) -> dict | None:
     info = {
         "name": props.name,
         "sms": props.multi_processor_count,
+        "smem_per_block_bytes": getattr(props, "shared_memory_per_block_optin", None),
+        "smem_per_sm_bytes": getattr(props, "shared_memory_per_multiprocessor", None),
         "l2_bytes": props.L2_cache_size,
         "cc": f"{props.major}.{props.minor}",
         "total_memory_bytes": props.total_memory,
@@ -360,6 +363,11 @@ NCU_METRICS = {
     "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
     "lts__t_sector_hit_rate.pct": "l2_hit_pct",
 } | {f"{_STALL_PREFIX}{reason}{_STALL_SUFFIX}": f"stall:{reason}" for reason in NCU_STALL_REASONS}
+# Tensor-pipe utilization (percent of the peak sustained while the SM is active): wgmma on Hopper (gmma), mma.sync
+# (hmma), any tensor op. Names differ by chip and Nsight Compute version, and ncu fails on a name it does not know,
+# so only those its --query-metrics lists are asked for (ncu_metrics).
+NCU_TENSOR_METRICS = {f"{base}.avg.pct_of_peak_sustained_active": f"tensor:{base}" for base in (
+    "sm__pipe_tensor_op_gmma_cycles_active", "sm__pipe_tensor_op_hmma_cycles_active", "sm__pipe_tensor_cycles_active")}
 _TIME_UNIT_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
                  "second": 1e6, "s": 1e6}
 
@@ -384,13 +392,26 @@ def ncu_command(argv: list[str], out_csv: str, kernel_regex: str | None = None,
 
     --clock-control none always: ncu's default locks the clocks, and the GPU's settings must be left alone.
     """
+    metrics = list(NCU_METRICS) + [m for m in NCU_TENSOR_METRICS if m.split(".")[0] in known_metrics(ncu)]
     command = [ncu, "--clock-control", "none", "--target-processes", "all", "--csv", "--page", "raw",
-               "--print-units", "base", "--metrics", ",".join(NCU_METRICS), "--log-file", out_csv]
+               "--print-units", "base", "--metrics", ",".join(metrics), "--log-file", out_csv]
     if kernel_regex:
         command += ["--kernel-name", f"regex:{kernel_regex}"]
     if launch_count:
         command += ["--launch-count", str(launch_count)]
     return command + list(argv)
+
+
+@functools.cache
+def known_metrics(ncu: str = "ncu") -> frozenset[str]:
+    """Base metric names this Nsight Compute reports for the attached GPU (empty when the query fails)."""
+    try:
+        listed = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    if listed.returncode != 0:
+        return frozenset()
+    return frozenset(line.split()[0] for line in listed.stdout.splitlines() if line.strip() and "__" in line.split()[0])
 
 
 def _number(text: str) -> float | None:
@@ -424,10 +445,11 @@ def parse_ncu_csv(text: str) -> dict[str, dict]:
         kernel = row[name_col]
         launches[kernel] += 1
         for column, cell in zip(header, row):
-            if column in NCU_METRICS and (value := _number(cell)) is not None:
+            key = NCU_METRICS.get(column) or NCU_TENSOR_METRICS.get(column)
+            if key and (value := _number(cell)) is not None:
                 if column == "gpu__time_duration.sum":
                     value *= _TIME_UNIT_US.get(units.get(column, "").strip(), 1e-3)  # ncu's base unit is ns
-                sums[kernel][NCU_METRICS[column]].append(value)
+                sums[kernel][key].append(value)
 
     parsed = {}
     for kernel, count in launches.items():
@@ -440,6 +462,7 @@ def parse_ncu_csv(text: str) -> dict[str, dict]:
             "sm_pct": mean.get("sm_pct"),
             "achieved_occupancy_pct": mean.get("achieved_occupancy_pct"),
             "l2_hit_pct": mean.get("l2_hit_pct"),
+            "tensor_pct": max((v for k, v in mean.items() if k.startswith("tensor:")), default=None),
             "stalls": stalls,
             "top_stalls": sorted(stalls.items(), key=lambda kv: (-kv[1], kv[0]))[:3],
         }

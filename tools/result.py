@@ -74,6 +74,7 @@ class Counters:
     sm_pct: float | None = None
     achieved_occupancy_pct: float | None = None
     l2_hit_pct: float | None = None
+    tensor_pct: float | None = None         # tensor-pipe (wgmma/mma) cycles active, percent of peak while active
     stalls: dict[str, float] = field(default_factory=dict)
     top_stalls: list = field(default_factory=list)
 

@@ -17,12 +17,20 @@ PTX back into a PTX candidate:
 A PTX candidate keeps forward as is and replaces launch: it picks the specialized or the generic PTX (see
 ptx_edits), drops the integer arguments the PTX has as the constant 1, appends the two scratch pointers Triton's PTX
 takes (passed as NULL), and launches grid x (32 * num_warps) threads with the kernel's dynamic shared memory.
+Starters with `ptx_twin=False` (the TMA matmuls: their PTX takes tensor maps or global scratch, which a PtxKernel
+launch cannot pass) launch as they like and get no PTX twin.
+
+A starter's `fits(values, gpu)` says why a configuration cannot run well on a GPU (None when it can): the search
+sizes its space by the GPU's shared memory per block and SM (the evaluator's `gpu` dict; None: no limit, as under the
+CPU interpreter).
 """
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 KERNELS_DIR = Path(__file__).resolve().parent
 
@@ -35,15 +43,18 @@ class Starter:
     path: Path
     tunables: dict[str, list]         # tunable -> values worth trying (the first is not necessarily the default)
     notes: str
+    ptx_twin: bool = True             # follows the launch convention above, so its compiled PTX can stand in for it
+    fits: Callable[[dict, dict | None], str | None] | None = None
 
     @property
     def source(self) -> str:
         return self.path.read_text()
 
 
-def _starter(target: str, variant: str, tunables: dict[str, list], notes: str) -> Starter:
+def _starter(target: str, variant: str, tunables: dict[str, list], notes: str, **options) -> Starter:
     language = "ptx" if variant.startswith("ptx") else "triton"
-    return Starter(f"{target}/{variant}", target, language, KERNELS_DIR / target / f"{variant}.py", tunables, notes)
+    return Starter(f"{target}/{variant}", target, language, KERNELS_DIR / target / f"{variant}.py", tunables, notes,
+                   **options)
 
 
 _ELEMENTWISE_TRITON = {"BLOCK_SIZE": [1024, 2048, 4096, 8192], "NUM_WARPS": [4, 8, 16],
@@ -58,6 +69,40 @@ _LOOPED_TRITON = {"BLOCK_COLS": [512, 1024, 2048, 4096], "NUM_WARPS": [4, 8, 16]
 # first tile step (after one more stage) is BLOCK_N 256.
 _MATMUL_TRITON = {"BLOCK_N": [64, 128, 256], "BLOCK_M": [64, 128, 256], "BLOCK_K": [32, 64, 128],
                   "GROUP_M": [4, 8, 16], "NUM_WARPS": [4, 8], "NUM_STAGES": [3, 4, 5]}
+# Hopper TMA starters, Triton 3.6 at sm_90 (ptxas -v, no spills): 128x256x64 / 8 warps / 3 stages persistent uses
+# 161 registers and 176 KiB of shared memory; warp-specialized 128x256x64 / 4 (+8) warps uses 168 and 208 KiB.
+_MATMUL_TMA_PERSISTENT = {"BLOCK_N": [128, 256], "BLOCK_M": [64, 128, 256], "BLOCK_K": [32, 64, 128],
+                          "NUM_STAGES": [2, 3, 4, 5], "NUM_WARPS": [4, 8], "GROUP_M": [4, 8, 16],
+                          "EPILOGUE_SUBTILE": [False, True], "FLATTEN": [False, True], "PROGRAMS_PER_SM": [1, 2]}
+_MATMUL_TMA_WS = {"BLOCK_N": [128, 256], "BLOCK_M": [128, 256], "BLOCK_K": [32, 64, 128], "NUM_STAGES": [2, 3, 4, 5],
+                  "GROUP_M": [4, 8, 16], "WARP_SPECIALIZE": [False, True]}
+SM90_SMEM_PER_BLOCK = 227 * 1024   # opt-in maximum of one thread block on sm_90 (H100, H200)
+SM90_SMEM_PER_SM = 228 * 1024
+
+
+def matmul_fits(values: dict, gpu: dict | None, tma_epilogue: bool = True) -> str | None:
+    """Why a matmul tile configuration would not run well on `gpu`: shared memory per block (the operand ring, plus
+    the epilogue's staging tile when C leaves by TMA) or per SM (PROGRAMS_PER_SM programs side by side), or an fp32
+    accumulator too big for the consumer warps' registers (more than 128 per thread spills)."""
+    bm, bn, bk = values.get("BLOCK_M", 128), values.get("BLOCK_N", 128), values.get("BLOCK_K", 64)
+    warps = values.get("NUM_WARPS", 4)
+    if values.get("WARP_SPECIALIZE"):
+        warps *= 2                     # Triton's Hopper warp specialization: two consumer warp groups
+    if bm * bn // (32 * warps) > 128:
+        return f"a {bm}x{bn} fp32 accumulator needs {bm * bn // (32 * warps)} registers per thread over {warps} warps"
+    if gpu is None:
+        return None
+    ring = (bm + bn) * bk * 2 * values.get("NUM_STAGES", 3)
+    epilogue = bm * bn * 2 // (2 if values.get("EPILOGUE_SUBTILE") else 1) if tma_epilogue else 0
+    per_block = gpu.get("smem_per_block_bytes") or SM90_SMEM_PER_BLOCK
+    per_sm = gpu.get("smem_per_sm_bytes") or SM90_SMEM_PER_SM
+    if ring + epilogue > per_block:
+        return f"{(ring + epilogue) // 1024} KiB of shared memory, more than the {per_block // 1024} KiB a block gets"
+    if values.get("PROGRAMS_PER_SM", 1) * (ring + epilogue) > per_sm:
+        return f"{values['PROGRAMS_PER_SM']} programs of {(ring + epilogue) // 1024} KiB do not fit one SM"
+    return None
+
+_pointer_matmul_fits = partial(matmul_fits, tma_epilogue=False)
 
 _ROW_NOTES = "whole row in registers (BLOCK_COLS = next power of two of the row): one read, one write"
 _LOOPED_NOTES = "loops over the row in BLOCK_COLS chunks: for rows too long for registers; second pass hits L2"
@@ -92,12 +137,26 @@ STARTERS: dict[str, list[Starter]] = {
                  "one CTA per row, 16-byte loads, shuffle + shared-memory reduction; scalar path for unaligned rows"),
     ],
     "matmul_bf16": [
+        _starter("matmul_bf16", "triton_tma_persistent", _MATMUL_TMA_PERSISTENT,
+                 "persistent programs over GROUP_M-swizzled tiles, TMA loads/stores (device-side descriptors), "
+                 "wgmma, subtiled epilogue", ptx_twin=False, fits=matmul_fits),
+        _starter("matmul_bf16", "triton_tma_ws", _MATMUL_TMA_WS,
+                 "one tile per program, TMA producer warp group + two wgmma consumer groups (warp specialization)",
+                 ptx_twin=False, fits=matmul_fits),
         _starter("matmul_bf16", "triton_grouped", _MATMUL_TRITON,
-                 "tl.dot (wgmma), fp32 accumulation, GROUP_M swizzle; shared = (BM + BN) * BK * 2 B * stages"),
+                 "tl.dot (wgmma), fp32 accumulation, GROUP_M swizzle; shared = (BM + BN) * BK * 2 B * stages",
+                 fits=_pointer_matmul_fits),
     ],
     "matmul_bias_relu": [
+        _starter("matmul_bias_relu", "triton_tma_persistent", _MATMUL_TMA_PERSISTENT,
+                 "persistent programs, TMA (host-side descriptors, W K-major), wgmma, bias + ReLU in registers, "
+                 "subtiled TMA stores", ptx_twin=False, fits=matmul_fits),
+        _starter("matmul_bias_relu", "triton_tma_ws", _MATMUL_TMA_WS,
+                 "one tile per program, TMA producer warp group + two wgmma consumer groups, bias + ReLU fused",
+                 ptx_twin=False, fits=matmul_fits),
         _starter("matmul_bias_relu", "triton_grouped", _MATMUL_TRITON,
-                 "as matmul_bf16, W read K-major via strides, bias + ReLU fused in the epilogue"),
+                 "as matmul_bf16, W read K-major via strides, bias + ReLU fused in the epilogue",
+                 fits=_pointer_matmul_fits),
     ],
 }
 

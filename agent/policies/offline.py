@@ -123,15 +123,17 @@ class OfflinePolicy:
             ptx_moves = self.ptx_moves(anchor, about) if "ptx" in allowed else iter(())
             # One-step tuning first: a better neighbour becomes the next anchor, so cache hints are tried on a
             # local optimum. Memory-bound kernels with room get them before the two-step moves, others after.
-            yield from self.tuning_moves(anchor, facts, about, allowed, step=1)
+            yield from self.tuning_moves(anchor, facts, about, allowed, step=1, gpu=ctx.gpu)
             if facts.get("memory_room"):
                 yield from ptx_moves
-            yield from self.tuning_moves(anchor, facts, about, allowed, step=2)
+            yield from self.tuning_moves(anchor, facts, about, allowed, step=2, gpu=ctx.gpu)
             if not facts.get("memory_room"):
                 yield from ptx_moves
 
-    def tuning_moves(self, anchor: AttemptView, facts: dict, about: str, allowed: set, step: int) -> Iterator[Move]:
-        """One tunable `step` places up or down its list, in the order the diagnosis prefers."""
+    def tuning_moves(self, anchor: AttemptView, facts: dict, about: str, allowed: set, step: int,
+                     gpu: dict | None = None) -> Iterator[Move]:
+        """One tunable `step` places up or down its list, in the order the diagnosis prefers; configurations the
+        starter says do not fit the GPU (shared memory, registers) are never proposed."""
         marker = read_marker(anchor.source)
         template = self.by_name.get(marker.get("template")) if marker else None
         if template is None or template.language not in allowed or "ptx_edit" in marker:
@@ -144,6 +146,9 @@ class OfflinePolicy:
                 i = options.index(values[name]) + direction * step
                 if 0 <= i < len(options):
                     new = {**values, name: options[i]}
+                    fits = template.starter.fits if template.starter is not None else None
+                    if fits is not None and fits({**template.defaults, **new}, gpu):
+                        continue
                     yield Move(template.render(new), template.language,
                                f"{about} Next: {name} {values[name]} -> {options[i]}, {why}.")
 
@@ -153,7 +158,7 @@ class OfflinePolicy:
         marker = read_marker(anchor.source)
         if (anchor.language != "triton" or anchor.verdict != "correct" or not marker or "ptx_edit" in marker
                 or marker.get("template") not in self.by_name or self.target is None
-                or len(anchor.result.ptx) != 1):
+                or len(anchor.result.ptx) != 1 or not getattr(self.by_name[marker["template"]].starter, "ptx_twin", True)):
             return
         from agent.kernels import ptx_edits
         compiled = self.ptx_compilations(anchor.source)
@@ -218,6 +223,7 @@ def preferences(facts: dict) -> list[tuple[str, int, str]]:
                ("warps", +1, "more warps to hide latency"), ("warps", -1, "fewer warps"),
                ("stages", +1, "deeper pipelining"), ("stages", -1, "fewer pipeline stages"),
                ("cache", +1, "another cache hint"), ("cache", -1, "another cache hint"),
+               ("schedule", +1, "another schedule"), ("schedule", -1, "another schedule"),
                ("other", +1, "another loop structure"), ("other", -1, "another loop structure")]
     if facts.get("spilling"):
         first = [("tile", -1, "smaller tiles, since registers spill"), ("stages", -1, "fewer stages, since registers spill")]
@@ -229,9 +235,21 @@ def preferences(facts: dict) -> list[tuple[str, int, str]]:
                  ("cache", +1, "another cache hint, since it is memory-bound below 80% of bandwidth"),
                  ("cache", -1, "another cache hint, since it is memory-bound below 80% of bandwidth"),
                  ("warps", +1, "more warps in flight, since it is memory-bound below 80% of bandwidth")]
+    elif facts.get("bound") == "compute" and facts.get("tensor_busy"):
+        first = [("schedule", +1, "to overlap the epilogue with the next tile's math, since the tensor pipe is busy"),
+                 ("tile", +1, "bigger tiles, fewer edges and epilogues, since the tensor pipe is busy")]
+    elif facts.get("bound") == "compute" and facts.get("waiting_on_loads"):
+        first = [("stages", +1, f"deeper pipelining, since warps wait for their tiles ({facts.get('top_stall')})"),
+                 ("schedule", +1, "a producer warp group or persistent programs, since warps wait for their tiles"),
+                 ("tile", +1, "bigger tiles, more math per byte loaded, since warps wait for their tiles")]
+    elif facts.get("bound") == "compute" and facts.get("shared_bound"):
+        first = [("tile", +1, f"bigger tiles, more math per shared-memory byte ({facts.get('top_stall')})"),
+                 ("warps", -1, "fewer warps sharing shared memory")]
     elif facts.get("bound") == "compute":
-        first = [("warps", +1, "more warps, since it is compute-bound"),
-                 ("stages", +1, "more stages, since it is compute-bound")]
+        first = [("tile", +1, "bigger tiles, more tensor-core work per byte loaded, since it is compute-bound"),
+                 ("stages", +1, "more stages, since it is compute-bound"),
+                 ("schedule", +1, "warp specialization or persistent programs, since it is compute-bound"),
+                 ("warps", +1, "more warps, since it is compute-bound")]
     else:
         first = []
     firsts = {(k, d) for k, d, _ in first}
@@ -243,6 +261,8 @@ def tunable_kind(name: str) -> str:
     lower = name.lower()
     if any(word in lower for word in ("evict", "qualifier", "cache")):
         return "cache"
+    if any(word in lower for word in ("specialize", "subtile", "flatten", "programs_per", "persistent")):
+        return "schedule"
     if any(word in lower for word in ("block", "tile", "rows", "size", "cols", "group", "split", "chunk", "elems")):
         return "tile"
     if "warp" in lower or "thread" in lower:

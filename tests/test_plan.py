@@ -1,0 +1,121 @@
+"""The launch plan as hostile input: tensor descriptor arguments and Triton's global scratch, checked by load_plan
+against the buffers the plan declares and the kernel's own signature and metadata (no GPU, no process)."""
+import json
+
+import pytest
+
+from sandbox.plan import Descriptor, PlanError, Ref, load_plan, tensordesc_type
+
+ROWS, COLS = 64, 96                       # a bf16 input: 64 rows of 192 bytes
+INPUT_BYTES = ROWS * COLS * 2
+
+
+def _plan(tmp_path, args, signature=None, metadata=None, grid=(4, 1, 1), allocs=(ROWS * COLS * 2,), scratch=None):
+    """A plan with one Triton kernel (its cubin a placeholder: load_plan only checks the file) and one launch."""
+    (tmp_path / "kernel-0.cubin").write_bytes(b"\0" * 16)
+    signature = signature or {"x_desc": "tensordesc<bf16[32, 64]>", "out": "*bf16", "BLOCK": "constexpr"}
+    kernel = {"kind": "triton", "name": "k", "hash": "abc123", "blob": "kernel-0.cubin", "blob_bytes": 16,
+              "metadata": {"name": "k", "num_warps": 4, "shared": 0, "target": {"arch": 90}, **(metadata or {})},
+              "signature": signature, "arg_names": list(signature)}
+    step = {"op": "launch", "kernel": 0, "grid": list(grid), "args": args}
+    if scratch is not None:
+        step["scratch"] = scratch
+    plan = {"version": 1, "inputs": [{"dtype": "bfloat16", "shape": [ROWS, COLS], "stride": [COLS, 1],
+                                      "nbytes": INPUT_BYTES}],
+            "allocs": list(allocs), "state": [], "kernels": [kernel], "steps": [step],
+            "outputs": [{"ref": ["alloc", 0], "offset": 0, "dtype": "bfloat16", "shape": [ROWS, COLS],
+                         "stride": [COLS, 1]}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    return tmp_path / "plan.json"
+
+
+def _desc(shape=(ROWS, COLS), strides=(COLS, 1), block=(32, 64), offset=0, dtype="bfloat16"):
+    return {"desc": {"base": {"ref": ["input", 0], "offset": offset, "dtype": dtype}, "shape": list(shape),
+                     "strides": list(strides), "block_shape": list(block), "padding": "zero"}}
+
+
+OUT = {"ptr": {"ref": ["alloc", 0], "offset": 0, "dtype": "bfloat16"}}
+BLOCK = {"constexpr": 32}
+
+
+def test_a_descriptor_inside_its_buffer_loads_with_the_kernels_element_type(tmp_path):
+    plan = load_plan(_plan(tmp_path, [_desc(dtype="uint8"), OUT, BLOCK]))
+    desc = plan.launches()[0].args[0]
+    assert isinstance(desc, Descriptor) and desc.base.ref == Ref("input", 0)
+    assert (desc.shape, desc.strides, desc.block_shape) == ([ROWS, COLS], [COLS, 1], [32, 64])
+    assert desc.base.dtype == "bfloat16"   # the signature's, not the recorded base's
+    assert tensordesc_type("tensordesc<fp8e4nv[128, 64]>") == ("float8_e4m3fn", [128, 64])
+    assert tensordesc_type("*bf16") is None
+
+
+@pytest.mark.parametrize("desc, why", [
+    (_desc(shape=(4 * ROWS, COLS)), "reaches 49152 bytes into input 0, which holds 12288: its shape and strides "
+                                    "go past the buffer"),
+    (_desc(offset=INPUT_BYTES - 192), "go past the buffer"),                     # the right shape, shifted
+    (_desc(shape=(ROWS, COLS + 1)), "go past the buffer"),                       # one element past the last row
+    (_desc(strides=(COLS + 1, 1)), "multiples of 16 bytes"),                     # 194-byte rows: not for TMA
+    (_desc(strides=(COLS, 2)), "last dimension must be contiguous"),
+    (_desc(block=(32, 128)), "block shape [32, 128] is not the [32, 64] its kernel was compiled for"),
+    (_desc(offset=8), "16-byte aligned"),
+    (_desc(shape=(ROWS, 0)), "sizes must be in [1, 2^32)"),
+    ({"desc": {"base": {"ref": None}, "shape": [1], "strides": [1], "block_shape": [16]}}, "has no base"),
+    ({"desc": {**_desc()["desc"], "padding": "garbage"}}, "padding is zero or nan"),
+    (OUT, "takes a tensor descriptor as x_desc"),
+])
+def test_a_descriptor_reaching_outside_its_buffer_or_the_tma_rules_is_refused(tmp_path, desc, why):
+    with pytest.raises(PlanError) as error:
+        load_plan(_plan(tmp_path, [desc, OUT, BLOCK]))
+    assert why in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_element_size_comes_from_the_kernel_so_a_narrow_record_cannot_widen_its_reach(tmp_path):
+    """Recorded as bytes, the span fits; the fp32 kernel would read 4 bytes per element: refused."""
+    signature = {"x_desc": "tensordesc<fp32[32, 64]>", "out": "*bf16", "BLOCK": "constexpr"}
+    raw = _desc(shape=(ROWS, 2 * COLS), strides=(2 * COLS, 1), dtype="uint8")
+    with pytest.raises(PlanError, match="go past the buffer"):
+        load_plan(_plan(tmp_path, [raw, OUT, BLOCK], signature))
+    load_plan(_plan(tmp_path, [_desc(shape=(ROWS, COLS // 2), strides=(COLS // 2, 1)), OUT, BLOCK], signature))
+
+
+def test_descriptor_metadata_and_signatures_are_checked(tmp_path):
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 10, "block_size": [32, 64], "fp4_padded": False}
+    load_plan(_plan(tmp_path, [_desc(), OUT, BLOCK], metadata={"tensordesc_meta": [meta]}))
+    with pytest.raises(PlanError, match="metadata disagrees with its signature"):
+        load_plan(_plan(tmp_path, [_desc(), OUT, BLOCK], metadata={"tensordesc_meta": [{**meta, "elem_size": 1}]}))
+    with pytest.raises(PlanError, match="describes 2 tensor descriptors, its signature has 1"):
+        load_plan(_plan(tmp_path, [_desc(), OUT, BLOCK], metadata={"tensordesc_meta": [meta, meta]}))
+    with pytest.raises(PlanError, match="a tensor descriptor is passed as out"):
+        load_plan(_plan(tmp_path, [_desc(), _desc(), BLOCK]))
+    # Triton evaluates the layout text of a Gluon descriptor type: such a signature never reaches the executor.
+    gluon = {"x_desc": "tensordesc<bf16[32, 64],NVMMASharedLayout(__import__('os'))>", "out": "*bf16",
+             "BLOCK": "constexpr"}
+    with pytest.raises(PlanError, match="unknown signature type"):
+        load_plan(_plan(tmp_path, [_desc(), OUT, BLOCK], gluon))
+
+
+SCALAR_ARGS = [OUT, {"scalar": {"value": 7, "type": "i32"}}]
+SCALAR_SIGNATURE = {"out": "*bf16", "n": "i32"}
+
+
+def test_global_scratch_is_a_plan_allocation_sized_by_trusted_code(tmp_path):
+    """128 bytes per program (two device-side descriptors' worth) x 4 programs = 512 bytes."""
+    metadata = {"global_scratch_size": 128}
+    plan = load_plan(_plan(tmp_path, SCALAR_ARGS, SCALAR_SIGNATURE, metadata, allocs=(INPUT_BYTES, 512),
+                           scratch=["alloc", 1]))
+    assert plan.launches()[0].scratch == Ref("alloc", 1)
+    assert load_plan(_plan(tmp_path, SCALAR_ARGS, SCALAR_SIGNATURE)).launches()[0].scratch is None
+    refusals = [
+        ({"allocs": (INPUT_BYTES, 511), "scratch": ["alloc", 1]}, "needs 512 bytes of global scratch, allocation 1 "
+                                                                   "holds 511"),
+        ({"allocs": (INPUT_BYTES,), "scratch": None}, "needs 512 bytes of global scratch and the launch names none"),
+        ({"allocs": (INPUT_BYTES,), "scratch": ["input", 0]}, "must be an allocation of the plan"),
+        ({"allocs": (INPUT_BYTES,), "scratch": ["alloc", 5]}, "reference to alloc 5, which the plan does not have"),
+    ]
+    for options, why in refusals:
+        with pytest.raises(PlanError) as error:
+            load_plan(_plan(tmp_path, SCALAR_ARGS, SCALAR_SIGNATURE, metadata, **options))
+        assert why in str(error.value)
+    with pytest.raises(PlanError, match="profiling instrumentation"):
+        load_plan(_plan(tmp_path, SCALAR_ARGS, SCALAR_SIGNATURE, {"profile_scratch_size": 64}))
+    with pytest.raises(PlanError, match="global_scratch_size must be an integer"):
+        load_plan(_plan(tmp_path, SCALAR_ARGS, SCALAR_SIGNATURE, {"global_scratch_size": -1}))
