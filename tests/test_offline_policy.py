@@ -206,7 +206,8 @@ def _next_move_after_the_starters(best_result, gpu=H100, target="matmul_bf16"):
     history = []
     for n in range(1, 4):
         proposal = policy.propose(ctx(history))
-        history.append(attempt(n, proposal, result=best_result if n == 1 else None, speedup=2.0 if n == 1 else 1.0))
+        history.append(attempt(n, proposal, result=EvalResult.from_dict(best_result) if n == 1 else None,
+                               speedup=2.0 if n == 1 else 1.0))
     assert read_marker(history[0].source)["template"] == f"{target}/triton_tma_persistent"
     move = policy.propose(ctx(history, best=history[0]))
     before, after = read_marker(history[0].source)["values"], read_marker(move.source)["values"]
