@@ -61,13 +61,14 @@ def select_attempts(store: Store, run: dict, which: str) -> list[dict]:
     return [a for a in attempts if a["id"] == best_id]
 
 
-def compare(old: dict, new: dict) -> list[str]:
-    """Why the new measurement disagrees with the logged one (empty: it agrees)."""
+def compare(old: dict, new: dict, same_gpu: bool = True) -> list[str]:
+    """Why the new measurement disagrees with the logged one (empty: it agrees). Times are compared only when both
+    were taken on the same GPU model: an H200 is faster than an H100, and that is no disagreement."""
     found = []
     if old.get("verdict") != new.get("verdict"):
         found.append(f"verdict {old.get('verdict')} -> {new.get('verdict')}")
     old_t, new_t = old.get("time_us") or {}, new.get("time_us") or {}
-    if old_t.get("median") and new_t.get("median"):
+    if same_gpu and old_t.get("median") and new_t.get("median"):
         a, b = old_t["median"], new_t["median"]
         spread = TIME_IQR_FACTOR * ((old_t.get("iqr") or 0.0) + (new_t.get("iqr") or 0.0))
         if abs(b - a) > max(TIME_REL_TOLERANCE * a, spread):
@@ -148,7 +149,8 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
                     store.add_attempt(new_run_id, number=old["number"], branch=old.get("branch") or 0,
                                       turn=old.get("turn"), source=old.get("source"), reasoning=old.get("reasoning"),
                                       **columns)
-                    row = ReverifiedAttempt(old["number"], old, columns, compare(old, columns))
+                    row = ReverifiedAttempt(old["number"], old, columns,
+                                            compare(old, columns, same_gpu=run.get("gpu_name") == (gpu or {}).get("name")))
                     rows.append(row)
                     on_attempt(row)
             except BaseException as e:
@@ -189,8 +191,10 @@ def comparison_table(outcome: ReverifyOutcome):
     from rich.table import Table
 
     timed_here = outcome.new_gpu is not None
+    other_gpu = timed_here and outcome.old_gpu is not None and outcome.old_gpu != outcome.new_gpu
     table = Table(title=f"run {outcome.run_id} ({outcome.old_gpu or 'no GPU'}) re-verified as "
-                        f"{outcome.new_run_id} ({outcome.new_gpu or 'no GPU'}): logged → now")
+                        f"{outcome.new_run_id} ({outcome.new_gpu or 'no GPU'}): logged → now"
+                        + ("; another GPU model: times are shown, not compared" if other_gpu else ""))
     for header in ("#", "verdict", "time (us)", "x eager", "x compile", "disagreement"):
         table.add_column(header, justify="right" if header == "#" else "left")
     for row in outcome.rows:
