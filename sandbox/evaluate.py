@@ -372,6 +372,7 @@ class Evaluation:
         self.io_bytes: int | None = None     # the main shape's inputs and outputs (how much a release frees)
         self._inputs_s: dict[str, float] = {}
         self._locked = False
+        self.abandoned = False   # set by a closing pipeline: planning stops at the next step
         self._started = time.perf_counter()
         self.result = EvalResult(language=rules.detect_language(source), numeric_flags=pin_numeric_flags(),
                                  gpu=session.gpu(), versions=versions(), isolation=session.isolation)
@@ -399,6 +400,8 @@ class Evaluation:
         began = time.perf_counter()
         self.planner = self.session.pool.acquire("planner")
         self._waited("planner:acquire", began)
+        if self.abandoned:
+            return self._close_planner()
         candidate = self.planner.workdir / "candidate.py"
         candidate.write_text(self.source)
         reply = self._call(self.planner, self.settings.load_timeout_s, "load", target_source=self.target.source,
@@ -407,6 +410,8 @@ class Evaluation:
             return self._close_planner()
         self.plans_dir = Path(tempfile.mkdtemp(prefix=f"eval-{self.index}-", dir=self.session.directory))
         for i, shape in enumerate(self.shapes):
+            if self.abandoned:
+                return self._close_planner()
             if i == 1:  # what the candidate prints from here on may carry hidden shapes: keep only what came before
                 self._output_cut = self.planner.output_sizes()
             reply = self._call(self.planner, self.settings.load_timeout_s, "build", shape=i, overrides=shape,

@@ -298,6 +298,7 @@ class Pipeline:
             job.evaluation.close()
             job._set()
         for job in planning:
+            job.evaluation.abandoned = True  # a planner not yet acquired is closed as soon as it is
             planner = job.evaluation.planner
             if planner is not None:
                 planner.kill()

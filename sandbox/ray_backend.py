@@ -219,8 +219,8 @@ class RemoteEvaluation:
                                  versions=versions(), isolation=session.isolation)
 
     def plan(self) -> EvalResult:
-        result, self.plans = ray.get(plan_candidate.remote(target_spec(self.target), self.source, self.settings,
-                                                           self.index))
+        task = plan_candidate.options(**self.session.planning_options)
+        result, self.plans = ray.get(task.remote(target_spec(self.target), self.source, self.settings, self.index))
         self.result = EvalResult.from_dict(result)
         return self.result
 
@@ -274,7 +274,12 @@ class RaySession:
         if init and not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
         self.settings = settings or EvalSettings()
-        self.settings.small = not ray.cluster_resources().get("GPU")  # the cluster's devices decide, not ours
+        gpus = bool(ray.cluster_resources().get("GPU"))
+        self.settings.small = not gpus  # the cluster's devices decide, not this process's
+        # A planning task takes no GPU from Ray, but its planners need the node's GPUs (a CUDA context, inputs,
+        # autotuning): Ray must leave CUDA_VISIBLE_DEVICES alone (some versions empty it for GPU-less tasks).
+        self.planning_options = {"runtime_env": {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}} \
+            if gpus else {}
         self.best: RemoteBest | None = None
         self._lock = threading.Lock()
         self._count = 0
