@@ -188,9 +188,9 @@ class Device:
             self._target_sha = target.sha256
 
     def quiet(self):
-        """While a kernel is timed here: every jailed process on this GPU, of any kloop session on this node
-        (planners running candidates' Python, Triton's autotuning, spares starting), is stopped, so no other work
-        shares the GPU (sandbox/pool.py keeps the registry)."""
+        """While a kernel is timed here: every jailed process running candidate code on this GPU, of any kloop
+        session on this node (planners: the candidate's Python, Triton's autotuning), is stopped, so no other
+        candidate's work shares the GPU (sandbox/pool.py keeps the registry)."""
         if not self.cuda:
             return contextlib.nullcontext()
         if self._uuid is None:  # as the pool lists its processes: NVML's UUID of the CUDA_VISIBLE_DEVICES entry

@@ -4,11 +4,12 @@ A process takes seconds to start (torch, triton, a CUDA context); an evaluation 
 without a GPU, one as its interpreter executor, so `spares` are kept started while the current ones work.
 
 GPUs. With several GPUs, each new process is given the next GPU in turn (its CUDA context, the inputs it plans on
-and Triton's autotuning live there). Every such process is listed in a node-wide registry (a file per process under
-scratch_root()/kloop-gpu-users/<GPU UUID>/), and `quiet(uuid)` stops every listed process of that GPU, this
-session's or another's on the same node (a Ray planner task beside a Ray executor actor), while a trusted process
-times a kernel there: candidate code never runs on a GPU during another candidate's timing. A process started
-during the pause stops itself at once (it sees the pause marker after listing itself, or the pauser sees it).
+and Triton's autotuning live there). Once a process is handed a role (it will run candidate code), it is listed in
+a node-wide registry (a file per process under scratch_root()/kloop-gpu-users/<GPU UUID>/), and `quiet(uuid)` stops
+every listed process of that GPU, this session's or another's on the same node (a Ray planner task beside a Ray
+executor actor), while a trusted process times a kernel there: candidate code never runs on a GPU during another
+candidate's timing. One listed during the pause stops itself at once (it sees the pause marker after listing itself,
+or the pauser sees it). Spares still starting run only kloop's code and are left to warm up.
 """
 from __future__ import annotations
 
@@ -44,13 +45,11 @@ class WarmPool:
         child = Child("sandbox.warm", cuda=self.cuda, jailed=True, limits=self.limits,
                       statuses=tuple(set(PLANNER_STATUSES) | set(EXECUTOR_STATUSES)), visible=visible,
                       niceness=NICENESS if self.cuda else 0)
-        if self.cuda:
-            if visible not in self._uuids:
-                from tools.profile import gpu_uuid
+        if self.cuda and visible not in self._uuids:
+            from tools.profile import gpu_uuid
 
-                self._uuids[visible] = gpu_uuid(visible)
-            if self._uuids[visible]:
-                register(child, self._uuids[visible])
+            self._uuids[visible] = gpu_uuid(visible)
+        child.gpu_uuid = self._uuids.get(visible)
         return child
 
     def acquire(self, role: str, timeout_s: float = 180) -> Child:
@@ -63,6 +62,8 @@ class WarmPool:
         child.wait_ready(timeout_s)
         child.call(timeout_s, cmd="become", role=role)
         child.statuses = set(PLANNER_STATUSES if role == "planner" else EXECUTOR_STATUSES) | {"ready"}
+        if child.gpu_uuid:  # from now on it runs candidate code: listed, so timings on its GPU stop it
+            register(child, child.gpu_uuid)
         return child
 
     def refill(self) -> None:
