@@ -210,11 +210,11 @@ def goals(report: dict) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--budget-s", type=float, default=460, help="phases that no longer fit are skipped")
-    parser.add_argument("--seconds-per-target", type=float, default=35)
+    parser.add_argument("--budget-s", type=float, default=500, help="phases that no longer fit are skipped")
+    parser.add_argument("--seconds-per-target", type=float, default=30)
     parser.add_argument("--targets", default=",".join(SMALL))
     parser.add_argument("--sequential-targets", default="vector_add,softmax")
-    parser.add_argument("--sequential-seconds", type=float, default=30)
+    parser.add_argument("--sequential-seconds", type=float, default=25)
     parser.add_argument("--repeats", type=int, default=8, help="evaluations in the breakdown")
     parser.add_argument("--gpus", default=None, help="all or indices (0,1): one device each (default: this GPU)")
     parser.add_argument("--planners", type=int, default=None)
@@ -256,7 +256,7 @@ def main() -> None:
     evaluator = {k: v for k, v in evaluator.items() if v is not None}
     attempt("pipelined", lambda: phase(store, targets, args.seconds_per_target, evaluator, clock, "pipelined"))
     seq_targets = [t for t in args.sequential_targets.split(",") if t]
-    if seq_targets and clock.left() > args.sequential_seconds + 40:
+    if seq_targets and clock.left() > args.sequential_seconds + 35:
         attempt("sequential", lambda: phase(store, seq_targets, args.sequential_seconds,
                                             {"pipeline": 1, "planners": 1}, clock, "sequential",
                                             lambda: Session(spares=2, planners=1)))
