@@ -13,14 +13,18 @@ Phases (each skipped, and said so, when the --budget-s left cannot hold it):
 3. sequential: the same on --sequential-targets with one planner and one attempt in flight (the loop as it was
    before pipelining, with today's evaluator).
 4. --scaling: phase 2 again on the first GPU alone, for the ratio of candidates per minute.
-The last lines are a short table; the full report goes to OUT/throughput.json with the run database beside it.
+The last lines are a short table; the full report goes to OUT/throughput.json, the run database to
+OUT/throughput.db.gz.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -222,7 +226,9 @@ def main() -> None:
     args = parser.parse_args()
     clock = Clock(args.budget_s)
     args.out.mkdir(parents=True, exist_ok=True)
-    store = open_db(args.out / "throughput.db")
+    # The run database holds every attempt's PTX and SASS (tens of MB): it is kept aside and copied gzipped.
+    db_path = Path(tempfile.mkdtemp(prefix="kloop-throughput-")) / "throughput.db"
+    store = open_db(db_path)
     targets = [t for t in args.targets.split(",") if t]
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": gpu_info(), "versions": versions(),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
@@ -269,7 +275,11 @@ def main() -> None:
     save()
     say("")
     say(table(report))
-    say(f"wrote {args.out / 'throughput.json'} and {args.out / 'throughput.db'}")
+    store.close()
+    with open(db_path, "rb") as raw, gzip.open(args.out / "throughput.db.gz", "wb", compresslevel=6) as packed:
+        shutil.copyfileobj(raw, packed)
+    say(f"wrote {args.out / 'throughput.json'} and {args.out / 'throughput.db.gz'} "
+        f"({(args.out / 'throughput.db.gz').stat().st_size / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":
