@@ -25,6 +25,10 @@ def bench_command(
     max_attempts: Optional[int] = typer.Option(None, min=1, help="Also stop each target's loop after this many attempts."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the results as JSON here (e.g. results/bench-h200.json); '-': print only the JSON on stdout (the rest goes to stderr)."),
     db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database for the bench's runs (re-verify them with `kloop replay`)."),
+    gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU (default: this process's GPU)."),
+    ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: evaluate on the cluster's GPUs (pip install -e '.[ray]')."),
+    planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
+    pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight (default: enough to keep planners and GPUs busy; 1: one candidate at a time)."),
 ) -> None:
     """Benchmark the loop: offline policy per target, then best kernel vs eager vs torch.compile, ceilings and goals."""
     from tools.store import StoreError, open_db
@@ -42,6 +46,13 @@ def bench_command(
     to_stdout = json_path is not None and str(json_path) == "-"
     if json_path is not None and not to_stdout:
         _check_writable(json_path)
+    from agent import run as runs
+
+    evaluator = {"gpus": gpus, "ray": ray, "planners": planners, "pipeline": pipeline}
+    try:
+        runs.check_evaluator(evaluator)
+    except runs.RunError as e:
+        fail(str(e))
     try:
         store = open_db(db)
     except StoreError as e:
@@ -49,7 +60,7 @@ def bench_command(
     stdout = sys.stdout
     with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
         try:
-            report = run_bench(store, names, minutes_per_target, max_attempts)
+            report = run_bench(store, names, minutes_per_target, max_attempts, evaluator)
         except KeyboardInterrupt:
             console.print(f"bench stopped; no table or JSON (the runs so far are in {store.path})", highlight=False)
             raise typer.Exit(130)
@@ -62,35 +73,38 @@ def bench_command(
         console.print(f"wrote {json_path}", highlight=False)
 
 
-def run_bench(store, names: list[str], minutes_per_target: float, max_attempts: int | None) -> dict:
-    """Measure the ceilings, run each target's loop, re-time each best kernel with its baselines; the JSON report."""
+def run_bench(store, names: list[str], minutes_per_target: float, max_attempts: int | None,
+              evaluator: dict | None = None) -> dict:
+    """Measure the ceilings, run each target's loop, re-time each best kernel with its baselines; the JSON report.
+    evaluator: gpus / ray / planners / pipeline settings; one evaluator session serves every target's run."""
     import torch
 
+    from agent import run as runs
     from agent.run import gpu_facts
-    from sandbox.evaluate import NO_GPU_NOTE, EvalSettings, evaluate, versions
+    from sandbox.evaluate import NO_GPU_NOTE, versions
     from tools import bench
     from tools.store import now
 
+    evaluator = {k: v for k, v in (evaluator or {}).items() if v is not None}
     timing_is_real = torch.cuda.is_available()
     gpu = gpu_facts()
     started = now()
     with console.status("measuring the device copy bandwidth", spinner="dots"):
         copy = bench.copy_bandwidth()
     rows = []
-    for name in names:
-        target, run_id, loop_seconds = optimize_one(store, name, minutes_per_target, max_attempts)
-        attempts = store.attempts(run_id)
-        best = store.best_attempt(run_id)
-        final = cublas = None
-        with console.status(f"{name}: re-timing the best kernel with eager and torch.compile", spinner="dots"):
-            if best is not None:
-                final = evaluate(target, best["source"], EvalSettings(baselines=("eager", "compile"), compile_baseline="measure"))
-            if bench.kind_of(name) == "matmul":
-                m, n, k = bench.matmul_shape(target, small=not timing_is_real)
-                cublas = bench.cublas_matmul(m, n, k, torch.bfloat16)
-        rows.append(bench.target_row(name, run_id, attempts, best, final, loop_seconds, copy, cublas))
+    try:
+        session = runs.evaluator_session(runs.settings_for(names[0], **evaluator))
+    except runs.RunError as e:
+        fail(str(e))
+    with session:
+        with console.status("starting the evaluator", spinner="dots"):
+            session.start()
+        for name in names:
+            rows.append(_bench_one(store, name, minutes_per_target, max_attempts, evaluator, session, copy,
+                                   timing_is_real))
     settings = {"targets": names, "minutes_per_target": minutes_per_target, "max_attempts": max_attempts,
-                "policy": "offline", "db": str(store.path)}
+                "policy": "offline", "db": str(store.path), **evaluator,
+                "planners_used": session.planners, "devices": [d.name for d in session.devices]}
     return {
         "date": started, "finished": now(), "gpu": gpu, "versions": versions(), "settings": settings,
         "timing_is_real": timing_is_real, "timing_note": None if timing_is_real else NO_GPU_NOTE,
@@ -101,18 +115,44 @@ def run_bench(store, names: list[str], minutes_per_target: float, max_attempts: 
         "notes": ["eager_us, compile_us, best_us, the speedups, sol_fraction and the rates come from one interleaved "
                   "measurement per target after its loop (best kernel, eager, torch.compile "
                   "max-autotune-no-cudagraphs); best_triton and best_ptx times are from the loop's own attempts",
+                  "attempts_per_minute: attempts over the loop's wall time (the evaluator, started once before the "
+                  "first target, not included); overhead_beyond_compile_s: per evaluation, its busy time less the "
+                  "planner's compile and the kernel's own time",
                   f"re-verify a target's run: kloop replay RUN_ID --db {store.path} (targets[].run_id)"],
     }
 
 
-def optimize_one(store, name: str, minutes: float, max_attempts: int | None):
+def _bench_one(store, name: str, minutes_per_target: float, max_attempts: int | None, evaluator: dict, session,
+               copy: dict | None, timing_is_real: bool) -> dict:
+    """One target's loop in the shared session, then its best kernel re-timed with eager and torch.compile."""
+    import torch
+
+    from sandbox.evaluate import EvalSettings, evaluate
+    from tools import bench
+
+    target, run_id, loop_seconds = optimize_one(store, name, minutes_per_target, max_attempts, evaluator, session)
+    attempts = store.attempts(run_id)
+    best = store.best_attempt(run_id)
+    final = cublas = None
+    with console.status(f"{name}: re-timing the best kernel with eager and torch.compile", spinner="dots"):
+        if best is not None:
+            final = evaluate(target, best["source"], EvalSettings(baselines=("eager", "compile"),
+                                                                  compile_baseline="measure"))
+        if bench.kind_of(name) == "matmul":
+            m, n, k = bench.matmul_shape(target, small=not timing_is_real)
+            cublas = bench.cublas_matmul(m, n, k, torch.bfloat16)
+    return bench.target_row(name, run_id, attempts, best, final, loop_seconds, copy, cublas)
+
+
+def optimize_one(store, name: str, minutes: float, max_attempts: int | None, evaluator: dict | None = None,
+                 session=None):
     """One target's run through agent.run, as `kloop optimize` makes it (offline policy, same graph, same evaluator);
     the budget is fixed: no early stop for speed-of-light or patience. Returns (target, run id, loop seconds)."""
     from agent import run as runs
 
     attempts_cap = max_attempts or sys.maxsize
     settings = runs.settings_for(name, max_attempts=attempts_cap, hours=minutes / 60, target_sol=sys.float_info.max,
-                                 patience=attempts_cap, started_by="kloop bench")
+                                 patience=attempts_cap, started_by="kloop bench", **(evaluator or {}))
     try:
         run = runs.start(store, "offline", settings)
     except runs.RunError as e:
@@ -130,7 +170,7 @@ def optimize_one(store, name: str, minutes: float, max_attempts: int | None):
     try:
         with console.status("starting", spinner="dots") as status:
             view.status = status
-            runs.run(run, on_event)
+            runs.run(run, on_event, session=session)
     except runs.RunFailed as e:
         fail(f"{name}: {e} (run {run.id} failed)")
     return run.target, run.id, time.monotonic() - began
@@ -144,7 +184,7 @@ def bench_table(report: dict) -> Table:
     geomean = report["geomean"]
     columns = [("target", "geomean"), ("eager us", ""), ("compile us", ""), ("best us", ""),
                ("x eager", _num(geomean["eager"], "{:.2f}")), ("x compile", _num(geomean["compile"], "{:.2f}")),
-               ("SOL", ""), ("achieved (of ceiling)", ""), ("attempts (/min)", ""), ("overhead s", ""),
+               ("SOL", ""), ("achieved (of ceiling)", ""), ("attempts (/min)", ""), ("overhead s", ""), ("GPU s", ""),
                ("best Triton us", ""), ("best PTX us", "")]
     table.add_column(*columns[0], min_width=max([len(r["target"]) for r in report["targets"]] + [7]))  # never cut
     for header, footer in columns[1:]:
@@ -164,7 +204,8 @@ def bench_table(report: dict) -> Table:
             _num(r["speedup_eager"], "{:.2f}"), _num(r["speedup_compile"], "{:.2f}"),
             _num(r["sol_fraction"], "{:.0%}"), achieved,
             f"{r['attempts']}" + _num(r["attempts_per_minute"], " ({:.0f})", ""),
-            _num(r["overhead_s_median"], "{:.2f}"), _language_cell(r["best_triton"]), _language_cell(r["best_ptx"]))
+            _num(r["beyond_compile_s_median"], "{:.2f}"), _num(r["device_s_median"], "{:.2f}"),
+            _language_cell(r["best_triton"]), _language_cell(r["best_ptx"]))
     return table
 
 

@@ -46,6 +46,10 @@ def optimize_command(
     strategy_seed: Optional[int] = typer.Option(None, help="Seed of the strategy's random picks (default: drawn once, stored with the run)."),
     memory: Optional[Path] = typer.Option(None, help="Memory file across runs (default: memory.db beside --db, so runs/memory.db)."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Neither read nor write memory across runs."),
+    gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU, each candidate timed on the first free one (default: this process's GPU)."),
+    ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU of the cluster (pip install -e '.[ray]')."),
+    planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned (compiled) at once, each in its own jailed planner (default: the CPU cores the trusted processes leave)."),
+    pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight per branch, proposed ahead and logged in order (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
 ) -> None:
     """Optimize one target's kernel: write, assemble, verify, profile, reflect, log; repeat until a stop rule."""
     from tools.store import StoreError, open_db
@@ -56,7 +60,8 @@ def optimize_command(
         patience=patience, max_cost_usd=max_cost, max_tokens=max_tokens, seed_kernel=seed_kernel, model=model,
         base_url=base_url, from_run=from_run, thinking=thinking, effort=effort, max_retries=max_retries, tools=tools,
         **runs.strategy_settings(strategy, strategy_seed),
-        memory=None if no_memory else str((memory or _default_memory(db)).resolve()))
+        memory=None if no_memory else str((memory or _default_memory(db)).resolve()),
+        gpus=gpus, ray=ray, planners=planners, pipeline=pipeline)
     try:
         runs.check_settings(policy, settings)
         from agent.strategies import STRATEGIES

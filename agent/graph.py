@@ -5,6 +5,12 @@ parallel in the same supersteps. Everything else lives outside graph state: sour
 database, the evaluator's live session (and the proposal being evaluated) in `Loop.live`, keyed by `key`. After a
 crash the checkpoint replays the pending Sends; a node that finds no live session for its key restarts that attempt
 at `write`, so the lost attempt is simply redone. Attempt numbers come from the database at commit time (`log`).
+
+Pipelining (`LoopSettings.pipeline` = N > 1): `write` keeps N attempts of its branch in flight. It proposes until
+N are proposed (each from the attempts logged so far; the evaluator starts on each at once, in the background), then
+the chain follows the oldest through assemble ... log, which wait for its stages; after it is logged, `write` tops
+the window up again. So attempts are logged in the order they were proposed, each with the parent it was proposed
+from, while later ones compile and wait for the GPU.
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ class ModelApiError(PolicyError):
 @dataclass
 class LoopSettings:
     max_attempts: int = 20
-    hours: float | None = None          # active wall-clock budget (sum of attempt durations, survives resume)
+    hours: float | None = None          # active wall-clock budget (sum of the wall time each attempt added)
     branches: int = 1
     target_sol: float = 0.9             # stop once the best reaches this fraction of speed-of-light
     patience: int = 20                  # stop after this many attempts without a new best
@@ -57,6 +63,7 @@ class LoopSettings:
     islands: int = 2
     migrate_every: int = 4
     lessons: tuple = ()                 # memory from earlier runs shown to model policies ({id, text, ...})
+    pipeline: int = 1                   # attempts in flight per branch (proposed ahead, logged in order)
 
 
 @dataclass
@@ -92,51 +99,69 @@ class Loop:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Branches propose and assemble in parallel, but verify and profile one at a time: both set the target's shape
     # through module globals and seed torch's global RNG, and two kernels timed at once on one GPU disturb each other.
+    # (A pipelined evaluator's devices take one candidate at a time themselves.)
     measuring: threading.Lock = field(default_factory=threading.Lock)
+    windows: dict[int, list[str]] = field(default_factory=dict)   # branch -> keys in flight, oldest first
+    last_commit: float = field(default_factory=time.monotonic)    # when the last attempt was logged (any branch)
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def start(self, state: dict) -> Command:
         return Command(goto=[Send("write", {"branch": b, "key": ""}) for b in range(state["branches"])])
 
     def write(self, lineage: dict) -> Command | dict:
+        """Propose until the branch has `pipeline` attempts in flight (one without pipelining), each handed to the
+        evaluator at once; then follow the oldest. A proposal that asks for tools goes to the tools node first."""
         branch, key = lineage["branch"], lineage["key"]
-        live = self.live.get(key)
-        if live is None:                # a new attempt (or one lost in a crash, redone)
+        window = self.windows.setdefault(branch, [])
+        live = self.live.get(key) if key else None   # a proposal coming back from its tool round, or a new one
+        said_done = False
+        while live is not None or (len(window) < max(1, self.settings.pipeline) and not said_done):
+            if live is None:                # a new attempt (or one lost in a crash, redone)
+                with self.lock:
+                    reason = self.stop_reason()
+                    if reason and not window:
+                        emit("stop", branch=branch, reason=reason)
+                        return {"stops": [reason]}
+                    if reason:              # no more proposals; the ones in flight are still logged
+                        break
+                    key = uuid.uuid4().hex
+                    turn = len(self.store.attempts(self.run_id, branch)) + len(window) + 1
+                    parent = choose(self.store, self.run_id, self.settings, branch, turn)
+                    live = self.live[key] = Live(turn=turn, started=time.monotonic(),
+                                                 parent_attempt_id=parent.attempt_id, parent=parent)
+            emit("stage", branch=branch, stage="write")
+            proposal = self.policy.propose(self.context(branch, live))
+            if proposal.call_failed:
+                return self.api_failure(branch, key, live, proposal)
             with self.lock:
-                reason = self.stop_reason()
-                if reason:
-                    emit("stop", branch=branch, reason=reason)
-                    return {"stops": [reason]}
-                key = uuid.uuid4().hex
-                turn = len(self.store.attempts(self.run_id, branch)) + 1
-                parent = choose(self.store, self.run_id, self.settings, branch, turn)
-                live = self.live[key] = Live(turn=turn, started=time.monotonic(),
-                                             parent_attempt_id=parent.attempt_id, parent=parent)
-        emit("stage", branch=branch, stage="write")
-        proposal = self.policy.propose(self.context(branch, live))
-        if proposal.call_failed:
-            return self.api_failure(branch, key, live, proposal)
-        with self.lock:
-            self.api_failures = 0
-        live.proposal, live.messages = proposal, live.messages + proposal.messages
-        nxt = {"branch": branch, "key": key}
-        if proposal.tool_calls and live.tool_rounds < self.settings.max_tool_rounds:
-            return Command(goto=Send("tools", nxt))
-        if proposal.done and not proposal.source:
-            del self.live[key]
-            with self.store.transaction():  # what the last exchange cost still counts
-                for message in live.messages:
-                    self.store.add_message(self.run_id, message, branch=branch, turn=live.turn)
-            emit("stop", branch=branch, reason="the policy has nothing more to try")
-            return {"stops": ["the policy has nothing more to try"]}
-        if proposal.format_error or not proposal.source.strip():
-            why = proposal.format_error or (f"still inspecting after {live.tool_rounds} tool rounds" if
-                                            proposal.tool_calls else "the proposal carried no candidate source")
-            # Logged as an attempt (the model's answer is a negative example for training; the next turn's history
-            # shows the model why), but never evaluated.
-            live.result = EvalResult(verdict=FORMAT_ERROR, language=proposal.language, reasons=[why])
-            return Command(goto=Send("log", nxt))
-        return Command(goto=Send("assemble", nxt))
+                self.api_failures = 0
+            live.proposal, live.messages = proposal, live.messages + proposal.messages
+            if proposal.tool_calls and live.tool_rounds < self.settings.max_tool_rounds:
+                return Command(goto=Send("tools", {"branch": branch, "key": key}))
+            if proposal.done and not proposal.source:
+                del self.live[key]
+                with self.store.transaction():  # what the last exchange cost still counts
+                    for message in live.messages:
+                        self.store.add_message(self.run_id, message, branch=branch, turn=live.turn)
+                if not window:
+                    emit("stop", branch=branch, reason="the policy has nothing more to try")
+                    return {"stops": ["the policy has nothing more to try"]}
+                said_done, live = True, None  # asked again once the oldest in flight is logged
+                continue
+            if proposal.format_error or not proposal.source.strip():
+                why = proposal.format_error or (f"still inspecting after {live.tool_rounds} tool rounds" if
+                                                proposal.tool_calls else "the proposal carried no candidate source")
+                # Logged as an attempt (the model's answer is a negative example for training; the next turn's
+                # history shows the model why), but never evaluated.
+                live.result = EvalResult(verdict=FORMAT_ERROR, language=proposal.language, reasons=[why])
+            else:
+                live.evaluation = self.evaluation(proposal.source)
+                live.evaluation.__enter__()
+            window.append(key)
+            live = None
+        head = window[0]
+        return Command(goto=Send("assemble" if self.live[head].evaluation is not None else "log",
+                                 {"branch": branch, "key": head}))
 
     def api_failure(self, branch: int, key: str, live: Live, proposal: Proposal) -> Command:
         """The model call failed: log the turn's traffic with no attempt (an outage is not the model's answer and
@@ -191,6 +216,9 @@ class Loop:
         live = self.live.pop(lineage["key"], None)
         if live is None:
             return redo(lineage)
+        window = self.windows.get(lineage["branch"], [])
+        if lineage["key"] in window:
+            window.remove(lineage["key"])
         try:
             number = self.commit(live, lineage["branch"])
         finally:
@@ -212,10 +240,11 @@ class Loop:
         if live is None:
             return redo(lineage)
         emit("stage", branch=lineage["branch"], stage=name)
-        if name == "assemble":
+        if live.evaluation is None:
             live.evaluation = self.evaluation(live.proposal.source)
             live.evaluation.__enter__()
-        with contextlib.nullcontext() if name == "assemble" else self.measuring:
+        pipelined = getattr(live.evaluation, "pipelined", False)
+        with contextlib.nullcontext() if name == "assemble" or pipelined else self.measuring:
             getattr(live.evaluation, name)()
         live.result = live.evaluation.result
         return Command(goto=Send("reflect" if live.result.verdict in FAILED else after, lineage))
@@ -272,14 +301,20 @@ class Loop:
 
     def commit(self, live: Live, branch: int) -> int:
         """One transaction: the attempt, its messages, the run's best and (first time seen) its machine facts."""
-        r, proposal = live.result, live.proposal
+        proposal = live.proposal
         best = self.store.best_attempt(self.run_id)
+        if needs_rejudging(live.result, best) and hasattr(live.evaluation, "rejudge"):
+            live.evaluation.rejudge()  # paired against the best as it stands now, not the one it was timed beside
+        r = live.result
         new_best = takes_the_lead(r, best)
         if new_best and best is not None and r.vs_best is None and r.median_us is not None:
             r.flags.append("new_best_unpaired")  # the standing best could not be re-timed beside it (a resumed run)
         columns = attempt_columns(r)
         columns["language"] = columns["language"] or proposal.language
-        columns["durations"] = {**(columns["durations"] or {}), "attempt": time.monotonic() - live.started}
+        with self.lock:  # wall: the time this attempt added to the run, however many were in flight
+            done = time.monotonic()
+            wall, self.last_commit = done - self.last_commit, done
+        columns["durations"] = {**(columns["durations"] or {}), "attempt": done - live.started, "wall": wall}
         run = self.store.get_run(self.run_id)
         with self.store.transaction():
             attempt_id = self.store.add_attempt(
@@ -346,6 +381,7 @@ def run_loop(loop: Loop, checkpoints: Path, on_event: Callable[[dict], None] = l
             if live.evaluation is not None:
                 live.evaluation.__exit__(None, None, None)
         loop.live.clear()
+        loop.windows.clear()
     store.update_run(loop.run_id, status="finished", finished_at=now(), notes="; ".join(dict.fromkeys(stops)))
     return "finished"
 
@@ -374,6 +410,17 @@ def attempt_view(row: dict) -> AttemptView:
         time_us=(row["time_us"] or {}).get("median"), speedup_eager=row["speedup_eager"],
         speedup_compile=row["speedup_compile"], sol_fraction=row["sol_fraction"], diagnosis=row["diagnosis"] or "",
         result=EvalResult.from_dict(row["result"]))
+
+
+def needs_rejudging(result: EvalResult, best: dict | None) -> bool:
+    """A correct, timed result that would challenge the standing best but was paired against another one, or none
+    (it was profiled before that best was logged: attempts in flight, branches)."""
+    if best is None or not result.correct or result.median_us is None:
+        return False
+    best_median = (best.get("time_us") or {}).get("median")
+    if best_median is None or result.median_us >= best_median:
+        return False
+    return result.vs_best is None or result.vs_best.best_attempt != best["number"]
 
 
 def machine_facts(result: EvalResult, run: dict) -> dict:

@@ -28,6 +28,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "target": None, "language": "auto", "max_attempts": 20, "hours": None, "branches": 1, "target_sol": 0.9,
     "patience": 20, "max_cost_usd": None, "max_tokens": None, "seed_kernel": None, "model": None, "base_url": None,
     "from_run": None, "thinking": None, "effort": None, "max_retries": None, "tools": True,
+    # Where and how wide candidates are evaluated (agent.run.evaluator_session): GPUs ("all", "0,1"; None: this
+    # process's one), Ray ("auto" or an address), parallel planners and attempts in flight per branch (None: auto).
+    "gpus": None, "ray": None, "planners": None, "pipeline": None,
 }
 
 
@@ -110,9 +113,26 @@ def check_settings(policy: str, settings: dict) -> None:
     if policy != "openai" and not settings["tools"]:
         raise RunError("--no-tools is a setting of --policy openai")
     check_budgets(settings["hours"], settings["max_cost_usd"])
+    check_evaluator(settings)
     if settings["language"] == "ptx" and not has_gpu():
         raise RunError("--language ptx needs a CUDA GPU: without one PTX is assembled but not run, so no attempt "
                        "could be verified or ranked (use --language triton or auto)")
+
+
+def check_evaluator(settings: dict) -> None:
+    """--gpus, --ray, --planners and --pipeline, checked before anything is created."""
+    if settings.get("gpus") is not None and settings.get("ray"):
+        raise RunError("give --gpus or --ray, not both (with Ray every GPU of the cluster gets an executor)")
+    for name in ("planners", "pipeline"):
+        value = settings.get(name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise RunError(f"--{name} must be a whole number of at least 1, got {value!r}")
+    gpu_list(settings.get("gpus"))
+    if settings.get("ray"):
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise RunError("--ray needs the ray extra: pip install -e '.[ray]'") from None
 
 
 def check_budgets(hours: float | None, max_cost: float | None) -> None:
@@ -175,14 +195,111 @@ def spares(settings: dict) -> int:
     return min(2 * settings["branches"], 8) if has_gpu() else 1
 
 
-def loop_settings(settings: dict):
-    """The graph's LoopSettings from a run's settings: every setting that names one of its fields. Without a GPU,
-    `auto` writes Triton only: PTX would be assembled but never run, an attempt spent unranked."""
+# -- where candidates are evaluated ---------------------------------------------------------------------------------
+PLANNER_GPU_BYTES = 1 << 30   # a planner's CUDA context and Triton's working set, besides the target's inputs
+PLANNER_MEMORY_SHARE = 0.4    # of each GPU's memory, at most, for the planners on it
+
+
+def gpu_list(spec: str | None) -> list[str] | None:
+    """--gpus: "all" or indices ("0,1") of the GPUs this process sees, as CUDA_VISIBLE_DEVICES entries (one device
+    each); None: this process's own device. RunError for a GPU that is not there, or GPUs of different kinds (a
+    plan compiled for one must run on the others)."""
+    if spec is None:
+        return None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise RunError("--gpus needs a CUDA GPU and there is none here (leave it out to evaluate on the CPU)")
+    if spec.strip() == "all":
+        chosen = list(range(count))
+    else:
+        try:
+            chosen = [int(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            raise RunError(f"--gpus {spec}: give all or GPU indices such as 0,1") from None
+        if not chosen or any(not 0 <= g < count for g in chosen) or len(set(chosen)) != len(chosen):
+            raise RunError(f"--gpus {spec}: this machine has GPUs 0 to {count - 1}; give each at most once")
+    kinds = {(torch.cuda.get_device_properties(g).name, torch.cuda.get_device_capability(g)) for g in chosen}
+    if len(kinds) > 1:
+        raise RunError(f"--gpus {spec}: the GPUs differ ({', '.join(sorted(k[0] for k in kinds))}); give GPUs of one "
+                       "kind (a kernel compiled for one runs on the others)")
+    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return [visible[g] if g < len(visible) else str(g) for g in chosen]
+
+
+def input_bytes(target) -> int:
+    """Bytes of the target's inputs at its main shape (get_inputs on the meta device; 0 where that fails)."""
+    import torch
+
+    try:
+        module = target.module_for(target.shapes(not has_gpu())[0])
+        with torch.device("meta"):
+            inputs = module.get_inputs()
+    except Exception:
+        return 0
+    return sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
+
+
+def planners_for(settings: dict, devices: int, target=None) -> int:
+    """Candidates planned at once: settings["planners"], else the CPU cores left beside each device's two trusted
+    processes and this one, at most what a PLANNER_MEMORY_SHARE of the GPUs' memory holds (each planner has a CUDA
+    context and the target's inputs on its GPU). A CPU-only machine: one (its device stage needs a core too)."""
+    if settings.get("planners"):
+        return int(settings["planners"])
+    if not has_gpu():
+        return 1
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    by_cores = max(1, min(16 * devices, cores - 2 * devices - 1))
+    per_planner = PLANNER_GPU_BYTES + 2 * (input_bytes(target) if target is not None else 0)
+    per_gpu = int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE // per_planner)
+    return max(1, min(by_cores, per_gpu * devices))
+
+
+def pipeline_depth(settings: dict, policy: str, planners: int, devices: int) -> int:
+    """Attempts in flight per branch: settings["pipeline"], else enough to keep every planner and device busy for
+    the offline policy (its proposals cost nothing), and 1 for model policies (each proposal is a model call, which
+    should see the results before it)."""
+    if settings.get("pipeline"):
+        return int(settings["pipeline"])
+    if policy != "offline":
+        return 1
+    return max(1, -(-(planners + 2 * devices) // max(1, settings.get("branches") or 1)))
+
+
+def evaluator_session(settings: dict, target=None):
+    """The evaluator a run evaluates in: an `sandbox.evaluate.Session` with one device per GPU of settings["gpus"]
+    (this process's own GPU, or the CPU, when None) and settings["planners"] parallel planners, or with
+    settings["ray"] a `sandbox.ray_backend.RaySession` over a Ray cluster's nodes. Anything that runs several runs
+    (kloop suite) may make one and pass it to `run(..., session=)` for each; RunError for bad settings."""
+    from sandbox.evaluate import EvalSettings, Session
+
+    if settings.get("ray"):
+        try:
+            from sandbox.ray_backend import RaySession
+        except ImportError as e:
+            raise RunError(f"--ray needs the ray extra ({e.name} is missing): pip install -e '.[ray]'") from None
+        return RaySession(settings["ray"], settings=EvalSettings(), planners=settings.get("planners"))
+    gpus = gpu_list(settings.get("gpus"))
+    devices = len(gpus) if gpus else 1
+    planners = planners_for(settings, devices, target)
+    return Session(spares=max(spares(settings), planners + (0 if has_gpu() else 1)), settings=EvalSettings(),
+                   gpus=gpus, planners=planners)
+
+
+def loop_settings(settings: dict, pipeline: int | None = None):
+    """The graph's LoopSettings from a run's settings: every setting that names one of its fields (pipeline: the
+    depth chosen for this session when the setting is auto). Without a GPU, `auto` writes Triton only: PTX would be
+    assembled but never run, an attempt spent unranked."""
     from agent.graph import LoopSettings
 
     names = {f.name for f in fields(LoopSettings)}
     chosen = {k: v for k, v in settings.items() if k in names and v is not None}
     chosen.update(loop_search_settings(settings))
+    if pipeline is not None:
+        chosen["pipeline"] = pipeline
     if chosen.get("language") == "auto" and not has_gpu():
         chosen["language"] = "triton"
     return LoopSettings(**chosen)
@@ -234,6 +351,10 @@ def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: fl
         raise RunError(f"target {settings['target']} changed since run {run_id} started; start a new run instead")
     if settings.get("language") == "ptx" and not has_gpu():
         raise RunError(f"run {run_id} writes PTX only, which needs a CUDA GPU to verify; resume it on one")
+    try:
+        check_evaluator(settings)
+    except RunError as e:
+        raise RunError(f"run {run_id} was started with settings this machine cannot give: {e}") from None
     settings.update(changes)
     policy_obj = make_policy(row["policy"], settings, target, store)
     if changes:
@@ -242,10 +363,11 @@ def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: fl
                previous_status=row["status"], attempts_before=progress["attempts"])
 
 
-def run(r: Run, on_event: Callable[[dict], None] = lambda event: None) -> dict | None:
+def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=None) -> dict | None:
     """Run the loop to a stop rule and return the run's best verified attempt (a row of the attempts table), or
     None. Events: the graph's (stage, attempt, api_error, stop) and {"kind": "warning", "message"}. Ctrl-C marks the
-    run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed."""
+    run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed.
+    session: an evaluator to run in (`evaluator_session`; kept warm across runs by its maker), else one of its own."""
     from agent.policy import PolicyError
     from tools.store import StoreError
     from tools.target import TargetError
@@ -256,30 +378,40 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None) -> dict |
         if gpu is not None:
             r.store.update_run(r.id, **gpu_columns(gpu))
     try:
-        run_graph(r.store, r.id, r.settings, r.target, r.policy, gpu, on_event, extend=r.extend)
+        run_graph(r.store, r.id, r.settings, r.target, r.policy, gpu, on_event, extend=r.extend, session=session)
     except (TargetError, PolicyError, StoreError) as e:
         raise RunFailed(r.id, str(e)) from e
     return r.store.best_attempt(r.id)
 
 
 def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: dict | None,
-              on_event: Callable[[dict], None], extend: bool = False) -> None:
+              on_event: Callable[[dict], None], extend: bool = False, session=None) -> None:
     """The loop itself in one evaluator session (a fresh secret seed per session, never stored); the lower level of
-    `run`. extend: the run had finished and was given new budgets; its graph starts again from its logged attempts."""
+    `run`. extend: the run had finished and was given new budgets; its graph starts again from its logged attempts.
+    Candidates go to the session's pipeline (Session.submit): planned in parallel, timed one at a time per device,
+    `pipeline` of them in flight per branch."""
+    import contextlib
+
     from agent.graph import Loop, run_loop
-    from sandbox.evaluate import EvalSettings, Session
     from tools.target import shown_source
 
-    with Session(spares=spares(settings), settings=EvalSettings()) as session:
+    own = session is None
+    if own:
+        session = evaluator_session(settings, target)
+    else:
+        session.forget_best()  # another run's best is no bar for this one
+    with session if own else contextlib.nullcontext(session):
         store.update_run(run_id, isolation=session.isolation)
         if session.weakly_isolated:
             on_event({"kind": "warning", "message": f"candidates run with weaker isolation: {session.isolation}"})
+        on_event({"kind": "stage", "branch": 0, "stage": "starting the evaluator"})
+        session.start()
         best = store.best_attempt(run_id)
         if best is not None and (best["time_us"] or {}).get("median"):  # a resumed run: its best is the bar again
             session.restore_best(target, best["source"], best["number"], best["time_us"]["median"])
+        depth = pipeline_depth(settings, policy.name, session.planners, len(session.devices))
         loop = Loop(store=store, run_id=run_id, policy=policy, gpu=gpu,
-                    evaluation=lambda source: session.evaluation(target, source),
-                    settings=loop_settings(settings), target_name=target.name,
+                    evaluation=lambda source: session.submit(target, source),
+                    settings=loop_settings(settings, depth), target_name=target.name,
                     target_source=shown_source(target.source))
         run_loop(loop, Path(f"{store.path}.checkpoints"), on_event, restart=extend)
-

@@ -18,17 +18,20 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import platform
 import secrets
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.plan import PlanError, copy_plan, load_plan
+from sandbox.plan import ITEMSIZE, PlanError, copy_plan, load_plan
+from sandbox import pool
 from sandbox.pool import WarmPool
 from sandbox.process import Child, ChildDied, ChildTimeout, read_limited, scratch_root
 from tools import profile, rules
@@ -44,6 +47,9 @@ REFEREE_STATUSES = ("ok", "runtime_error", "error")
 # Calls of forward recorded at the main shape after the compiling one: they must all launch the same plan, so a
 # forward that changes its work after a number of calls is refused rather than judged on its early calls.
 RECORDED_CALLS = 20
+# After a candidate whose inputs and outputs fill at most this fraction of the GPU's memory, the executor and referee
+# keep their allocators' caches for the next one (same target, same sizes); larger ones give the memory back.
+SHALLOW_RELEASE_FRACTION = 1 / 32
 
 
 @dataclass
@@ -114,24 +120,118 @@ class BestKernel:
     target_sha256: str
 
 
-class Session:
-    """The trusted machinery of one device, kept across candidates: a warm pool of jailed processes, the executor
-    (GPU: one long-lived process; CPU: a jailed one per candidate) and the referee."""
+class Device:
+    """The trusted processes of one GPU: its long-lived executor and its referee, and what they learned (the
+    torch.compile/eager ratio per shape, restarts). Without a GPU, the CPU: an interpreter executor per candidate
+    (jailed, from the pool) and the referee in this process. One evaluation at a time uses a device (`lock`)."""
 
-    def __init__(self, spares: int | None = None, settings: EvalSettings | None = None) -> None:
-        pin_numeric_flags()
-        self.cuda = DEVICE.type == "cuda"
-        self.settings = settings or EvalSettings()
-        self.pool = WarmPool(spares=spares if spares is not None else (2 if self.cuda else 1), cuda=self.cuda)
-        self.directory = Path(tempfile.mkdtemp(prefix="kloop-session-", dir=scratch_root()))
+    def __init__(self, session: "Session", visible: str | None = None) -> None:
+        self.session, self.visible, self.cuda = session, visible, session.cuda
+        self.lock = threading.RLock()
         self._executor: Child | None = None
         self._referee = None
         self._gpu: dict | None = None
+        self._uuid: str | None = None
         self.compile_to_eager: dict[str, float] = {}   # shape -> torch.compile time / eager time, side by side
-        self.best: BestKernel | None = None
         self.restarts = 0
-        self._count = 0
         self._target_sha = ""   # the referee keeps one target's reference models at a time
+
+    @property
+    def name(self) -> str:
+        return "cpu" if not self.cuda else f"cuda:{self.visible}" if self.visible is not None else "cuda"
+
+    def executor(self) -> Child:
+        """The GPU's executor, restarted if the last candidate took it down."""
+        if self._executor is None or not self._executor.alive():
+            if self._executor is not None:
+                self._executor.close()
+                self.restarts += 1
+            self._executor = Child("sandbox.executor", cuda=True, jailed=False, statuses=EXECUTOR_STATUSES,
+                                   workdir=Path(tempfile.mkdtemp(prefix="executor-", dir=self.session.directory)),
+                                   visible=self.visible)
+            self._executor.wait_ready()
+        return self._executor
+
+    def referee(self):
+        if self._referee is None:
+            if self.cuda:
+                self._referee = Child("sandbox.referee", cuda=True, jailed=False, statuses=REFEREE_STATUSES,
+                                      workdir=Path(tempfile.mkdtemp(prefix="referee-", dir=self.session.directory)),
+                                      visible=self.visible)
+                self._referee.wait_ready()
+            else:
+                from sandbox.referee import Referee
+
+                self._referee = _InProcess(Referee())
+        return self._referee
+
+    def start(self) -> None:
+        """Start the trusted processes now (each takes seconds), not at the first candidate."""
+        if self.cuda:
+            self.executor()
+            self.gpu()
+
+    def gpu(self) -> dict | None:
+        """This GPU's facts (gpu_info: name, index and UUID among them), None on the CPU."""
+        if self.cuda and self._gpu is None:
+            with self.lock:  # the referee's pipe is the device thread's while it evaluates
+                if self._gpu is None:
+                    self._gpu = self.referee().call(60, cmd="gpu")["gpu"]
+        return self._gpu
+
+    def use_target(self, target: Target) -> None:
+        if target.sha256 != self._target_sha:
+            if self._referee is not None:
+                self.referee().call(600, cmd="forget")
+            self._target_sha = target.sha256
+
+    def quiet(self):
+        """While a kernel is timed here: every jailed process running candidate code on this GPU, of any kloop
+        session on this node (planners: the candidate's Python, Triton's autotuning), is stopped, so no other
+        candidate's work shares the GPU (sandbox/pool.py keeps the registry)."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        if self._uuid is None:  # as the pool lists its processes: NVML's UUID of the CUDA_VISIBLE_DEVICES entry
+            self._uuid = profile.gpu_uuid(self.visible) or ""
+        return pool.quiet(self._uuid)
+
+    def nvml_snapshot(self) -> dict | None:
+        return profile.nvml_snapshot(uuid=(self.gpu() or {}).get("uuid"))
+
+    def close(self) -> None:
+        for child in (self._executor, self._referee):
+            if child is not None:
+                child.close()
+        self._executor = self._referee = None
+
+
+class Session:
+    """The trusted machinery of one node, kept across candidates: a warm pool of jailed processes and one Device per
+    GPU (or the CPU). Candidates are judged one by one with `evaluation` (staged, on the first device), or handed to
+    `submit`, which plans them in parallel jailed planners and runs each on the first free device
+    (sandbox/pipeline.py).
+
+    gpus: CUDA_VISIBLE_DEVICES entries, one device each (None: this process's GPU, or the CPU); planners: candidates
+    planned at once by `submit`."""
+
+    def __init__(self, spares: int | None = None, settings: EvalSettings | None = None,
+                 gpus: list[str] | None = None, planners: int = 1) -> None:
+        pin_numeric_flags()
+        self.cuda = DEVICE.type == "cuda"
+        self.settings = settings or EvalSettings()
+        self.planners = max(1, planners)
+        if gpus is not None and not self.cuda:
+            raise ValueError("gpus were given, but this process sees no CUDA GPU")
+        self.pool = WarmPool(spares=spares if spares is not None else (2 if self.cuda else 1), cuda=self.cuda,
+                             gpus=gpus)
+        self.directory = Path(tempfile.mkdtemp(prefix="kloop-session-", dir=scratch_root()))
+        self.devices = [Device(self, g) for g in gpus] if gpus else [Device(self)]
+        self.best: BestKernel | None = None
+        self._best_lock = threading.Lock()
+        self._best_users: dict[Path, int] = {}
+        self._count = 0
+        self._count_lock = threading.Lock()
+        self._pipeline = None
 
     @property
     def isolation(self) -> str:
@@ -143,41 +243,53 @@ class Session:
     def weakly_isolated(self) -> bool:
         return self.pool.isolation.mode != "bwrap"
 
+    # The first device's, for callers that judge one candidate at a time.
     def executor(self) -> Child:
-        """The GPU's executor, restarted if the last candidate took it down."""
-        if self._executor is None or not self._executor.alive():
-            if self._executor is not None:
-                self._executor.close()
-                self.restarts += 1
-            self._executor = Child("sandbox.executor", cuda=True, jailed=False, statuses=EXECUTOR_STATUSES,
-                                   workdir=Path(tempfile.mkdtemp(prefix="executor-", dir=self.directory)))
-            self._executor.wait_ready()
-        return self._executor
+        return self.devices[0].executor()
 
     def referee(self):
-        if self._referee is None:
-            if self.cuda:
-                self._referee = Child("sandbox.referee", cuda=True, jailed=False, statuses=REFEREE_STATUSES,
-                                      workdir=Path(tempfile.mkdtemp(prefix="referee-", dir=self.directory)))
-                self._referee.wait_ready()
-            else:
-                from sandbox.referee import Referee
-
-                self._referee = _InProcess(Referee())
-        return self._referee
+        return self.devices[0].referee()
 
     def gpu(self) -> dict | None:
-        if self.cuda and self._gpu is None:
-            self._gpu = self.referee().call(60, cmd="gpu")["gpu"]
-        return self._gpu
+        return self.devices[0].gpu()
+
+    @property
+    def restarts(self) -> int:
+        return sum(d.restarts for d in self.devices)
+
+    def _next_index(self) -> int:
+        with self._count_lock:
+            self._count += 1
+            return self._count
 
     def evaluation(self, target: Target, source: str, settings: EvalSettings | None = None) -> "Evaluation":
-        if target.sha256 != self._target_sha:
-            if self._referee is not None:
-                self.referee().call(600, cmd="forget")
-            self._target_sha = target.sha256
-        self._count += 1
-        return Evaluation(self, target, source, settings or self.settings, self._count)
+        """One candidate, staged by the caller (assemble, verify, profile), on the first device."""
+        return Evaluation(self, target, source, settings or self.settings, self._next_index(), self.devices[0])
+
+    def submit(self, target: Target, source: str, settings: EvalSettings | None = None):
+        """One candidate, evaluated in the background: planned by the next free planner, then loaded, verified and
+        profiled by the next free device. Returns a sandbox.pipeline.Submitted (the same staged calls, which wait)."""
+        if self._pipeline is None:
+            from sandbox.pipeline import Pipeline
+
+            self._pipeline = Pipeline(self)
+        return self._pipeline.submit(Evaluation(self, target, source, settings or self.settings,
+                                                self._next_index(), None))
+
+    def start(self, timeout_s: float = 600) -> None:
+        """Start every device's trusted processes and the planners' spares now, and wait until they are ready (they
+        start in parallel, seconds each), so the first candidates do not wait for them."""
+        with self.pool._lock:
+            self.pool.refill()
+            spares = list(self.pool._idle)
+        threads = [threading.Thread(target=d.start, daemon=True) for d in self.devices]
+        for t in threads:
+            t.start()
+        for child in spares:
+            with contextlib.suppress(ChildDied, ChildTimeout):
+                child.wait_ready(timeout_s)
+        for t in threads:
+            t.join()
 
     def adopt_best(self, evaluation: "Evaluation", attempt: int | None, median_us: float | None = None) -> None:
         """Keep a verified, timed candidate's plans as the one later candidates must beat."""
@@ -186,23 +298,49 @@ class Session:
             return
         directory = self.directory / f"best-{evaluation.index}"
         shutil.copytree(evaluation.plans_dir / "0", directory / "0", dirs_exist_ok=True)
-        if self.best is not None:
-            shutil.rmtree(self.best.directory, ignore_errors=True)
-        self.best = BestKernel(attempt, directory, median_us, evaluation.target.sha256)
+        with self._best_lock:
+            old, self.best = self.best, BestKernel(attempt, directory, median_us, evaluation.target.sha256)
+            if old is not None and not self._best_users.get(old.directory):
+                shutil.rmtree(old.directory, ignore_errors=True)
+
+    def forget_best(self) -> None:
+        """No standing best (the next run's candidates are not timed against this one's)."""
+        with self._best_lock:
+            old, self.best = self.best, None
+            if old is not None and not self._best_users.get(old.directory):
+                shutil.rmtree(old.directory, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def hold_best(self):
+        """The standing best (or None), whose plans stay on disk for the block even if a new best is adopted."""
+        with self._best_lock:
+            best = self.best
+            if best is not None:
+                self._best_users[best.directory] = self._best_users.get(best.directory, 0) + 1
+        try:
+            yield best
+        finally:
+            if best is not None:
+                with self._best_lock:
+                    self._best_users[best.directory] -= 1
+                    if not self._best_users[best.directory]:
+                        del self._best_users[best.directory]
+                        if self.best is None or self.best.directory != best.directory:
+                            shutil.rmtree(best.directory, ignore_errors=True)
 
     def restore_best(self, target: Target, source: str, attempt: int, median_us: float) -> None:
         """A resumed run's best, planned again so later candidates can be timed against it side by side."""
         with self.evaluation(target, source) as ev:
-            ev.assemble()
+            ev.plan()
             if ev.result.verdict is None:
                 self.adopt_best(ev, attempt, median_us)
 
     def close(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.close()
         self.pool.close()
-        for child in (self._executor, self._referee):
-            if child is not None:
-                child.close()
-        self._executor = self._referee = None
+        for device in self.devices:
+            device.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> "Session":
@@ -213,8 +351,14 @@ class Session:
 
 
 class Evaluation:
-    def __init__(self, session: Session, target: Target, source: str, settings: EvalSettings, index: int) -> None:
+    """One candidate against one target, in two phases. The plan phase (any thread; it needs no device): the rules,
+    then a jailed planner records a launch plan per shape. The device phase, on `device`: the trusted executor loads
+    the plans, verifies them against the referee, and profiles them. `assemble` is plan + load."""
+
+    def __init__(self, session: Session, target: Target, source: str, settings: EvalSettings, index: int,
+                 device: Device | None) -> None:
         self.session, self.target, self.source, self.settings, self.index = session, target, source, settings, index
+        self.device = device
         self.shapes = target.shapes(settings.small)
         self.shape_keys = [_shape_key(target, s) for s in self.shapes]
         self.init_seed = derive_seed(settings.seed, "init")
@@ -223,24 +367,39 @@ class Evaluation:
         self.plans_dir: Path | None = None
         self.keys: list[str] = []
         self.output_meta: list[list[dict]] = []
+        self.io_bytes: int | None = None     # the main shape's inputs and outputs (how much a release frees)
+        self._inputs_s: dict[str, float] = {}
+        self._locked = False
+        self.abandoned = False   # set by a closing pipeline: planning stops at the next step
         self._started = time.perf_counter()
         self.result = EvalResult(language=rules.detect_language(source), numeric_flags=pin_numeric_flags(),
                                  gpu=session.gpu(), versions=versions(), isolation=session.isolation)
 
-    # -- assemble: rules, plans, loading ---------------------------------------------------------------------------
+    # -- plan: rules, then the jailed planner ----------------------------------------------------------------------
     def assemble(self) -> EvalResult:
+        """Plan, then load on the device: one call for callers that judge one candidate at a time."""
         with self._stage("assemble"):
-            self._assemble()
+            self.plan()
+            self.load()
         return self.result
 
-    def _assemble(self) -> None:
+    def plan(self) -> EvalResult:
+        with self._stage("plan"):
+            self._plan()
+        return self.result
+
+    def _plan(self) -> None:
         try:
             broken = rules.check_source(self.source)
         except SyntaxError as e:
             return self._finish("compile_error", f"syntax error at line {e.lineno}: {e.msg}")
         if broken:
             return self._finish("rejected", *broken)
+        began = time.perf_counter()
         self.planner = self.session.pool.acquire("planner")
+        self._waited("planner:acquire", began)
+        if self.abandoned:
+            return self._close_planner()
         candidate = self.planner.workdir / "candidate.py"
         candidate.write_text(self.source)
         reply = self._call(self.planner, self.settings.load_timeout_s, "load", target_source=self.target.source,
@@ -249,6 +408,8 @@ class Evaluation:
             return self._close_planner()
         self.plans_dir = Path(tempfile.mkdtemp(prefix=f"eval-{self.index}-", dir=self.session.directory))
         for i, shape in enumerate(self.shapes):
+            if self.abandoned:
+                return self._close_planner()
             if i == 1:  # what the candidate prints from here on may carry hidden shapes: keep only what came before
                 self._output_cut = self.planner.output_sizes()
             reply = self._call(self.planner, self.settings.load_timeout_s, "build", shape=i, overrides=shape,
@@ -263,19 +424,59 @@ class Evaluation:
             except PlanError as e:
                 self._close_planner()
                 return self._finish("rejected", *self._hidden(i, "rejected", f"the launch plan: {e}"))
+        began = time.perf_counter()
         self._close_planner()
-        self._load()
+        self._waited("planner:close", began)
+        self._take_sass()
+
+    def _take_sass(self) -> None:
+        """The SASS of the main plan's Triton kernels (cuobjdump: trusted, on the planning thread, off the device's
+        clock)."""
+        from tools.assemble import sass_of
+
+        if not self.session.cuda:
+            return
+        began = time.perf_counter()
+        try:
+            plan = load_plan(self.plans_dir / "0" / "plan.json")
+        except PlanError:
+            return  # the device phase reports it
+        for k in plan.kernels:
+            if k.kind == "triton" and k.blob:
+                sass = sass_of((plan.directory / k.blob).read_bytes())
+                if sass:
+                    self.result.sass[k.name] = sass
+        self._waited("sass", began)
+
+    # -- load: the device's executor and referee take the plans -------------------------------------------------------
+    def load(self) -> EvalResult:
+        if self.result.verdict is not None or self.plans_dir is None:
+            return self.result
+        with self._stage("load"):
+            self._load()
+        return self.result
+
+    def bind(self, device: Device) -> None:
+        """This evaluation's device phase runs on `device` (held until release_device)."""
+        device.lock.acquire()
+        self.device, self._locked = device, True
 
     def _load(self) -> None:
+        if not self._locked:
+            self.bind(self.device)
+        device = self.device
+        device.use_target(self.target)
         if self.session.cuda:
-            self.executor = self.session.executor()
+            self.executor = device.executor()
+            self.result.gpu = device.gpu()
         else:
+            began = time.perf_counter()
             self.executor = self.session.pool.acquire("executor")
-        referee = self.session.referee()
+            self._waited("executor:acquire", began)
         self.keys = [f"e{self.index}:{i}" for i in range(len(self.shapes))]
         for i, (shape, key) in enumerate(zip(self.shapes, self.shape_keys)):
-            referee.call(600, cmd="shape", shape=key, target_source=self.target.source, overrides=shape,
-                         init_seed=self.init_seed)
+            self._ref(600, "shape", shape=key, target_source=self.target.source, overrides=shape,
+                      init_seed=self.init_seed)
             reply = self._call(self.executor, 120, "shape", shape=key, target_source=self.target.source,
                                overrides=shape)
             if not self._ok(reply, hidden=i or None):
@@ -290,10 +491,12 @@ class Evaluation:
                 return self._ptx_not_run()
             if not self._ok(reply, hidden=i or None):
                 return
+            plan = load_plan(self.plans_dir / str(i) / "plan.json")
             if i == 0:
                 self._take_resources(reply.get("resources") or [])
-            self.output_meta.append([{"dtype": o.dtype, "shape": o.shape}
-                                     for o in load_plan(self.plans_dir / str(i) / "plan.json").outputs])
+                self.io_bytes = sum(x.nbytes for x in plan.inputs if x.dtype is not None) + \
+                    sum(ITEMSIZE[o.dtype] * math.prod(o.shape) for o in plan.outputs)
+            self.output_meta.append([{"dtype": o.dtype, "shape": o.shape} for o in plan.outputs])
         self.result.executed_on = "cuda" if self.session.cuda else "cpu-interpreter"
 
     def _ptx_not_run(self) -> None:
@@ -322,20 +525,12 @@ class Evaluation:
         self._finish("runtime_error", "not run: no CUDA GPU here (PTX is assembled, not run, without a GPU)")
 
     def _take_resources(self, rows: list[dict]) -> None:
-        from tools.assemble import sass_of
-
-        plan = load_plan(self.plans_dir / "0" / "plan.json")
         for row in rows:
             ptx = row.pop("ptx", None)
             if ptx:
                 self.result.ptx[row["kernel"]] = ptx
             self.result.resources.append(Resources(**{k: v for k, v in row.items()
                                                       if k in Resources.__dataclass_fields__}))
-        for k in plan.kernels:
-            if k.kind == "triton" and k.blob:
-                sass = sass_of((plan.directory / k.blob).read_bytes())
-                if sass:
-                    self.result.sass[k.name] = sass
 
     # -- verify: replay on fresh inputs, compare in the referee ------------------------------------------------------
     def verify(self) -> EvalResult:
@@ -373,26 +568,40 @@ class Evaluation:
     def _replay_and_check(self, i: int, seed: int, stats: Correctness | None, timed: bool,
                           key: str | None = None, spread: bool = False) -> list[str] | None:
         """Fresh inputs, one replay, one comparison. None when the replay itself failed (the verdict is set).
-        spread: inputs drawn from [0, 1) are mapped to [-4, 4) on both sides (tools.inputs.make_inputs)."""
+        spread: inputs drawn from [0, 1) are mapped to [-4, 4) on both sides (tools.inputs.make_inputs).
+        Timed calls skip the referee's question whether the inputs look drawn from [0, 1) (verify asks it)."""
         key = key or self.keys[i]
+        directory = self._output_dir()
         shape_key = self.shape_keys[i]
-        reply = self._call(self.executor, 600, "inputs", shape=shape_key, seed=seed, spread=spread)
-        if not self._ok(reply, hidden=i or None):
-            return None
-        reply = self._call(self.executor, self._run_timeout(), "run", key=key, timed=timed)
+        # A first round on a shape may take long to make its inputs; later ones get the hang limit and some slack.
+        known = self._inputs_s.get(shape_key)
+        timeout = self._run_timeout() + (600 if known is None else 10 + 20 * known)
+        reply = self._call(self.executor, timeout, "round", key=key, seed=seed, spread=spread, timed=timed,
+                           dir=str(directory) if directory else None)
         if not self._ok(reply, hidden=i or None, stage="profile" if timed else ""):
             return None
-        return self._check(i, seed, key, stats, spread)
+        self._inputs_s.setdefault(shape_key, reply.get("inputs_s") or 0.0)
+        self._last_run = reply
+        return self._check(i, seed, key, stats, spread, shared=reply, probe=not timed)
 
-    def _check(self, i: int, seed: int, key: str, stats: Correctness | None,
-               spread: bool = False) -> list[str] | None:
-        directory = None
-        if not self.session.cuda:  # the jailed executor writes its outputs in a directory of its own making
-            directory = self.executor.workdir / "out"
-            shutil.rmtree(directory, ignore_errors=True)
-        shared = self._call(self.executor, 600, "share", key=key, dir=str(directory) if directory else None)
-        if not self._ok(shared, hidden=i or None):
+    def _output_dir(self) -> Path | None:
+        """Without a GPU, where the jailed executor writes its outputs (emptied first); None on a GPU (CUDA IPC)."""
+        if self.session.cuda:
             return None
+        directory = self.executor.workdir / "out"
+        shutil.rmtree(directory, ignore_errors=True)
+        return directory
+
+    def _check(self, i: int, seed: int, key: str, stats: Correctness | None, spread: bool = False,
+               shared: dict | None = None, probe: bool = True) -> list[str] | None:
+        """Compare what the executor holds for `key` (described in `shared`, else asked for) with the reference."""
+        directory = None if self.session.cuda else self.executor.workdir / "out"
+        if shared is None:
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+            shared = self._call(self.executor, 600, "share", key=key, dir=str(directory) if directory else None)
+            if not self._ok(shared, hidden=i or None):
+                return None
         if directory is not None and (directory.is_symlink() or not directory.is_dir()):
             self._finish("runtime_error", "the executor's output directory is not a directory")
             return None
@@ -404,9 +613,8 @@ class Evaluation:
             outputs = [dict(m, file=name) for m, name in zip(metas, outputs)]
         inputs = [None if name is None else ({"file": name} if directory is not None else name)
                   for name in shared.get("inputs") or []]
-        reply = self.session.referee().call(600, cmd="check", shape=self.shape_keys[i], seed=seed, outputs=outputs,
-                                            inputs=inputs, directory=str(directory) if directory else None,
-                                            spread=spread)
+        reply = self._ref(600, "check", shape=self.shape_keys[i], seed=seed, outputs=outputs, inputs=inputs,
+                          directory=str(directory) if directory else None, spread=spread, probe=probe)
         self._last_check = reply
         if reply.get("status") != "ok":
             self._finish("runtime_error", f"the reference failed: {reply.get('message')}")
@@ -428,9 +636,8 @@ class Evaluation:
         return self.result
 
     def _profile(self) -> None:
-        referee = self.session.referee()
-        counts = referee.call(600, cmd="roofline_counts", shape=self.shape_keys[0],
-                              seed=derive_seed(self.settings.seed, "roofline"))
+        counts = self._ref(600, "roofline_counts", shape=self.shape_keys[0],
+                           seed=derive_seed(self.settings.seed, "roofline"))
         if counts.get("status") != "ok":
             return self._finish("runtime_error", f"the reference failed: {counts.get('message')}")
         if not self.session.cuda:
@@ -461,41 +668,43 @@ class Evaluation:
         self.result.baselines = timings or None
         self.result.speedup = speedup
         self.result.roofline = roof
-        best = self.session.best
-        if best is not None and best.target_sha256 == self.target.sha256 and \
-                self.result.time_us.median < best.median_us:
-            self._versus_best(best)
+        with self.session.hold_best() as best:
+            if best is not None and best.target_sha256 == self.target.sha256 and \
+                    self.result.time_us.median < best.median_us:
+                self._versus_best(best)
         if self.settings.ncu:
             self.result.ncu = self._ncu()
 
     def _time(self, seed: int) -> dict[str, Timing] | None:
         """Interleaved rounds: fresh inputs each round, the candidate (executor) and each baseline (referee) in a
         rotating order, every candidate output checked against the round's reference. None if it misbehaved."""
+        with self.device.quiet():
+            return self._rounds(seed)
+
+    def _rounds(self, seed: int) -> dict[str, Timing] | None:
         names = ["candidate"] + list(self.settings.baselines)
         ratio_key = self.shape_keys[0]
         derive = self.settings.compile_baseline == "reuse" and "compile" in names and "eager" in names and \
-            ratio_key in self.session.compile_to_eager
+            ratio_key in self.device.compile_to_eager
         if derive:
             names.remove("compile")
         samples: dict[str, list[float]] = {name: [] for name in names}
         wall: dict[str, float] = dict.fromkeys(names, 0.0)
-        before = profile.nvml_snapshot()
-        referee = self.session.referee()
+        before = self.device.nvml_snapshot()
         rounds = self.settings.warmup_calls + self.settings.timed_calls
         for r in range(rounds):
             round_seed = derive_seed(seed, r)
-            reply = self._call(self.executor, 600, "inputs", shape=self.shape_keys[0], seed=round_seed)
-            if not self._ok(reply, hidden=None, stage="profile"):
-                return None
             shift = r % len(names)
+            shared = None
             for name in names[shift:] + names[:shift]:
                 if name == "candidate":
-                    reply = self._call(self.executor, self._run_timeout(), "run", key=self.keys[0], timed=True)
-                    if not self._ok(reply, hidden=None, stage="profile"):
+                    reasons_or_none = self._replay(round_seed)
+                    if reasons_or_none is None:
                         return None
+                    reply = shared = reasons_or_none
                 else:
-                    reply = referee.call(self.settings.baseline_timeout_s, cmd="time", name=name,
-                                         shape=self.shape_keys[0], seed=round_seed)
+                    reply = self._ref(self.settings.baseline_timeout_s, "time", name=name,
+                                      shape=self.shape_keys[0], seed=round_seed)
                     if reply.get("status") != "ok":
                         self.result.flags.append(f"baseline_{name}_failed: {str(reply.get('message'))[:200]}")
                         names.remove(name)
@@ -504,21 +713,21 @@ class Evaluation:
                 if r >= self.settings.warmup_calls:
                     samples[name].append(reply["ms"])
                     wall[name] += reply["wall_ms"]
-            reasons = self._check(0, round_seed, self.keys[0], None)
+            reasons = self._check(0, round_seed, self.keys[0], None, shared=shared, probe=False)
             if reasons is None:
                 return None
             if reasons:  # a kernel must be right every time it is timed, not only when it was verified
                 self._finish("incorrect", *[f"timed call {r + 1}: {reason}" for reason in reasons])
                 return None
-        after = profile.nvml_snapshot()
+        after = self.device.nvml_snapshot()
         timings = {name: Timing(**profile.summarize(s), events_total_ms=sum(s), wall_total_ms=wall[name])
                    for name, s in samples.items() if s}
         if derive:
-            ratio = self.session.compile_to_eager[ratio_key]
+            ratio = self.device.compile_to_eager[ratio_key]
             timings["compile"] = Timing(median=timings["eager"].median * ratio, derived_from_eager=True,
                                         compile_to_eager=ratio)
         elif "compile" in timings and "eager" in timings:
-            self.session.compile_to_eager[ratio_key] = timings["compile"].median / timings["eager"].median
+            self.device.compile_to_eager[ratio_key] = timings["compile"].median / timings["eager"].median
         throttled = profile.throttle_reasons(before, after) if before and after else []
         self.result.nvml = {"before": before, "after": after, "throttled": bool(throttled), "reasons": throttled}
         if throttled and "throttled" not in self.result.flags:
@@ -528,38 +737,78 @@ class Evaluation:
             self.result.flags.append("events_exceed_wall_clock")
         return timings
 
-    def _versus_best(self, best: BestKernel) -> None:
+    def _replay(self, seed: int) -> dict | None:
+        """One timed call of the candidate on fresh inputs (its outputs described for the check); None if it
+        failed (the verdict is set)."""
+        known = self._inputs_s.get(self.shape_keys[0])
+        timeout = self._run_timeout() + (600 if known is None else 10 + 20 * known)
+        reply = self._call(self.executor, timeout, "round", key=self.keys[0], seed=seed, timed=True)
+        if not self._ok(reply, hidden=None, stage="profile"):
+            return None
+        self._inputs_s.setdefault(self.shape_keys[0], reply.get("inputs_s") or 0.0)
+        return reply
+
+    def _versus_best(self, best: BestKernel, key: str | None = None) -> None:
         """A would-be new best is timed again against the standing best, interleaved round by round, and counts
         as faster only when the 95% confidence interval of the time ratio lies above 1."""
-        key = f"best{self.index}"
-        reply = self._call(self.executor, self.settings.load_timeout_s, "load", key=key,
+        mine = key or self.keys[0]
+        other = f"best{self.index}"
+        reply = self._call(self.executor, self.settings.load_timeout_s, "load", key=other,
                            plan_dir=str(best.directory / "0"), shape=self.shape_keys[0])
         if reply.get("status") != "ok":
             self.result.flags.append(f"versus_best_failed: {str(reply.get('message'))[:200]}")
             return
         ratios = []
+        began = time.perf_counter()
         try:
-            for r in range(self.settings.paired_calls):
-                seed = derive_seed(self.settings.seed, "paired", r)
-                reply = self._call(self.executor, 600, "inputs", shape=self.shape_keys[0], seed=seed)
-                if not self._ok(reply, hidden=None, stage="profile"):
-                    return
-                times = {}
-                for which in ((self.keys[0], key) if r % 2 == 0 else (key, self.keys[0])):
-                    reply = self._call(self.executor, self._run_timeout(), "run", key=which, timed=True)
+            with self.device.quiet():
+                for r in range(self.settings.paired_calls):
+                    seed = derive_seed(self.settings.seed, "paired", r)
+                    reply = self._call(self.executor, 600, "inputs", shape=self.shape_keys[0], seed=seed)
                     if not self._ok(reply, hidden=None, stage="profile"):
                         return
-                    times[which] = reply["ms"]
-                reasons = self._check(0, seed, self.keys[0], None)
-                if reasons is None:
-                    return
-                if reasons:
-                    return self._finish("incorrect", *[f"paired timing {r + 1}: {x}" for x in reasons])
-                ratios.append(times[key] / times[self.keys[0]])
+                    times = {}
+                    for which in ((mine, other) if r % 2 == 0 else (other, mine)):
+                        reply = self._call(self.executor, self._run_timeout(), "run", key=which, timed=True)
+                        if not self._ok(reply, hidden=None, stage="profile"):
+                            return
+                        times[which] = reply["ms"]
+                    reasons = self._check(0, seed, mine, None, probe=False)
+                    if reasons is None:
+                        return
+                    if reasons:
+                        return self._finish("incorrect", *[f"paired timing {r + 1}: {x}" for x in reasons])
+                    ratios.append(times[other] / times[mine])
         finally:
             if self.executor.alive():
-                self._call(self.executor, 60, "unload", key=key)
+                self._call(self.executor, 60, "unload", key=other)
+            self._waited("paired", began)
         self.result.vs_best = paired_ratio(ratios, best.attempt)
+
+    def versus_standing_best(self, device: Device) -> None:
+        """The paired re-measurement again, against the session's best as it stands now (it changed since this
+        candidate was profiled), on `device`: the challenger's main plan is loaded there once more."""
+        with self.session.hold_best() as best:
+            if best is None or best.target_sha256 != self.target.sha256 or self.plans_dir is None or \
+                    not self.result.correct or not self.session.cuda:
+                return
+            self.bind(device)
+            try:
+                device.use_target(self.target)
+                self.executor = device.executor()
+                key = f"e{self.index}:again"
+                self._ref(600, "shape", shape=self.shape_keys[0], target_source=self.target.source,
+                          overrides=self.shapes[0], init_seed=self.init_seed)
+                reply = self._call(self.executor, 120, "shape", shape=self.shape_keys[0],
+                                   target_source=self.target.source, overrides=self.shapes[0])
+                if self._ok(reply, hidden=None):
+                    reply = self._call(self.executor, self.settings.load_timeout_s, "load", key=key,
+                                       plan_dir=str(self.plans_dir / "0"), shape=self.shape_keys[0])
+                    if self._ok(reply, hidden=None, stage="profile"):
+                        self.keys = [key]
+                        self._versus_best(best, key)
+            finally:
+                self.release_device()
 
     def _ncu(self) -> dict[str, Counters] | None:
         spec = {"plan_dir": str(self.plans_dir / "0"), "target_source": self.target.source,
@@ -567,9 +816,11 @@ class Evaluation:
         spec_path = self.plans_dir / "ncu-spec.json"
         spec_path.write_text(json.dumps(spec))
         names = [r.kernel for r in self.result.resources]
+        env = None if self.device.visible is None else {**os.environ, "CUDA_VISIBLE_DEVICES": self.device.visible}
         try:
-            found = profile.run_ncu([sys.executable, "-m", "sandbox.executor", "--profile", str(spec_path)],
-                                    kernel_regex="|".join(names) or None, timeout_s=300)
+            with self.device.quiet():
+                found = profile.run_ncu([sys.executable, "-m", "sandbox.executor", "--profile", str(spec_path)],
+                                        env=env, kernel_regex="|".join(names) or None, timeout_s=300)
         except Exception as e:  # counters are optional: their absence is reported, never fatal
             self.result.flags.append(f"ncu_failed: {str(e)[:200]}")
             return None
@@ -593,8 +844,18 @@ class Evaluation:
         except ChildDied as e:
             return {"status": "runtime_error", "message": f"{cmd}: {e}"}
         finally:  # where an evaluation's time goes: waiting on other processes, per command (the rest is ours)
-            waited = self.result.durations_s.setdefault("waited", {})
-            waited[cmd] = round(waited.get(cmd, 0.0) + time.perf_counter() - started, 3)
+            self._waited(f"{'planner' if child is self.planner else 'executor'}:{cmd}", started)
+
+    def _ref(self, timeout_s: float, cmd: str, **kwargs) -> dict:
+        started = time.perf_counter()
+        try:
+            return self.device.referee().call(timeout_s, cmd=cmd, **kwargs)
+        finally:
+            self._waited(f"referee:{cmd}", started)
+
+    def _waited(self, what: str, since: float) -> None:
+        waited = self.result.durations_s.setdefault("waited", {})
+        waited[what] = round(waited.get(what, 0.0) + time.perf_counter() - since, 4)
 
     def _ok(self, reply: dict, hidden: int | None, stage: str = "") -> bool:
         status = reply.get("status")
@@ -630,8 +891,6 @@ class Evaluation:
         self.planner = None
 
     def _stage(self, name: str):
-        import contextlib
-
         @contextlib.contextmanager
         def timed():
             t0 = time.perf_counter()
@@ -641,25 +900,47 @@ class Evaluation:
                 self.result.durations_s[name] = round(time.perf_counter() - t0, 3)
         return timed()
 
+    def release_device(self) -> None:
+        """Give the device back: the referee unmaps the executor's buffers, the executor unloads this candidate's
+        plans and frees its inputs (and its allocator's cache when the inputs are large); the plans stay on disk
+        (a new best is copied from them). Without a GPU the jailed executor is closed."""
+        try:
+            if self.executor is not None:
+                began = time.perf_counter()
+                if self.session.cuda:
+                    total = (self.result.gpu or {}).get("total_memory_bytes") or 0
+                    deep = self.io_bytes is None or not total or self.io_bytes > total * SHALLOW_RELEASE_FRACTION
+                    with contextlib.suppress(ChildDied, ChildTimeout):
+                        self.device.referee().call(60, cmd="release", deep=deep)
+                    if self.executor.alive():
+                        for key in self.keys:
+                            self._call(self.executor, 60, "unload", key=key)
+                        self._call(self.executor, 60, "release", deep=deep)
+                else:
+                    self.executor.close()
+                self.executor = None
+                self._waited("release", began)
+        finally:
+            if self._locked:
+                self._locked = False
+                self.device.lock.release()
+
     def close(self) -> EvalResult:
         self._close_planner()
-        if self.executor is not None:
-            if self.session.cuda:
-                if self.executor.alive():
-                    for key in self.keys:
-                        self._call(self.executor, 60, "unload", key=key)
-                    self._call(self.executor, 60, "release")
-                with contextlib.suppress(ChildDied, ChildTimeout):
-                    self.session.referee().call(60, cmd="release")
-            else:
-                self.executor.close()
-            self.executor = None
-        if self.plans_dir is not None and (self.session.best is None or self.plans_dir != self.session.best.directory):
+        self.release_device()
+        if self.plans_dir is not None:  # a new best was copied out of it
             shutil.rmtree(self.plans_dir, ignore_errors=True)
+            self.plans_dir = None
         if self.session.restarts:
             self.result.durations_s["executor_restarts"] = self.session.restarts
         self.result.durations_s["total"] = round(time.perf_counter() - self._started, 3)
+        self.account()
         return self.result
+
+    def account(self) -> None:
+        """durations_s["busy"]: the time the stages took, queues not counted (the pipeline logs it before close)."""
+        self.result.durations_s["busy"] = round(sum(self.result.durations_s.get(k, 0.0)
+                                                    for k in ("plan", "load", "verify", "profile")), 3)
 
     def __enter__(self) -> "Evaluation":
         return self

@@ -15,8 +15,13 @@ Commands (JSON lines in, JSON lines out on the control fd), see sandbox/evaluate
     inputs {shape, seed, spread}                 fresh inputs for a shape (same seed, same bits as the referee's)
     run {key, timed}                             poison the plan's allocations, run its steps (timed: cold L2, events)
     share {key, dir}                             outputs and inputs for the referee: IPC handles, or files in dir
+    round {key, seed, spread, timed, dir}        inputs + run + share in one command (one round trip per trial)
     unload {key}
-    release                                      free the inputs and the allocator's cache (between candidates)
+    release {deep}                               free the inputs (deep: and the allocator's cache)
+
+On a GPU, inputs small enough to be held twice are refreshed in place (new values from the seed, copied into the
+same buffers), so the buffers the referee maps stay the same for a whole candidate: their IPC handles are made
+once (`stable` in the description) and the referee keeps them mapped until `release`.
 """
 from __future__ import annotations
 
@@ -83,6 +88,12 @@ class Loaded:
     def __init__(self, plan: planfmt.Plan, shape: str, kernels: list, allocs: list, state: list) -> None:
         self.plan, self.shape, self.kernels, self.allocs, self.state = plan, shape, kernels, allocs, state
         self.outputs: list[torch.Tensor] = []
+        self.shared: list[dict] | None = None   # the outputs' IPC descriptions, made once (their buffers persist)
+
+
+# Inputs up to this fraction of the GPU's memory are refreshed in place (two sets are briefly alive); larger ones
+# are freed before the next set is made, and described afresh each time.
+IN_PLACE_FRACTION = 1 / 16
 
 
 class Executor:
@@ -90,6 +101,7 @@ class Executor:
         self.workdir = workdir
         self.shapes: dict[str, object] = {}
         self.held: dict[str, list] = {}   # shape -> the inputs made last (one shape at a time)
+        self.held_shared: list | None = None  # their IPC descriptions while the buffers stay the same
         self.loaded: dict[str, Loaded] = {}
         self._modules = 0
         self.cuda = DEVICE.type == "cuda"
@@ -103,7 +115,8 @@ class Executor:
 
     # -- commands -------------------------------------------------------------------------------------------------
     def shape(self, shape: str, target_source: str, overrides: dict) -> dict:
-        self.shapes[shape] = module_from_source(target_source, overrides, f"kloop_target_{shape}")
+        if shape not in self.shapes:  # the key is a hash of the source and the overrides
+            self.shapes[shape] = module_from_source(target_source, overrides, f"kloop_target_{shape}")
         return {"status": "ok"}
 
     def load(self, key: str, plan_dir: str, shape: str) -> dict:
@@ -124,9 +137,35 @@ class Executor:
                                               for k, kernel in zip(plan.kernels, kernels)]}
 
     def inputs(self, shape: str, seed: int, spread: bool = False) -> dict:
+        old = self.held.get(shape)
+        if old is not None and self.cuda and _bytes(old) <= self._in_place_limit():
+            new = make_inputs(self.shapes[shape], seed, spread=bool(spread))
+            if _same_layout(old, new):  # same buffers, new values: the referee's mappings stay valid
+                for held, fresh in zip(old, new):
+                    if isinstance(held, torch.Tensor):
+                        held.copy_(fresh)
+                old[:] = [h if isinstance(h, torch.Tensor) else f for h, f in zip(old, new)]
+                return {"status": "ok"}
+            del new
         self.held.clear()  # free the old set first: at full size two may not fit
+        self.held_shared = None
         self.held[shape] = make_inputs(self.shapes[shape], seed, spread=bool(spread))
         return {"status": "ok"}
+
+    def _in_place_limit(self) -> float:
+        if not hasattr(self, "_limit"):
+            self._limit = torch.cuda.get_device_properties(DEVICE).total_memory * IN_PLACE_FRACTION
+        return self._limit
+
+    def round(self, key: str, seed: int, spread: bool = False, timed: bool = False, dir: str | None = None) -> dict:
+        """One trial or timed call: fresh inputs, a replay, and what the referee needs to check it."""
+        began = time.perf_counter()
+        self.inputs(self.loaded[key].shape, seed, spread)
+        if self.cuda:
+            torch.cuda.synchronize()
+        made = time.perf_counter() - began
+        ran = self.run(key, timed)
+        return {**self.share(key, dir), **{k: v for k, v in ran.items() if k != "status"}, "inputs_s": made}
 
     def run(self, key: str, timed: bool = False) -> dict:
         loaded = self.loaded[key]
@@ -159,8 +198,13 @@ class Executor:
         if self.cuda:
             from sandbox.ipc import describe
 
-            return {"status": "ok", "outputs": [describe(t) for t in loaded.outputs],
-                    "inputs": [describe(x) if isinstance(x, torch.Tensor) else None for x in inputs]}
+            if loaded.shared is None:
+                loaded.shared = [describe(t, stable=True) for t in loaded.outputs]
+            stable = _bytes(inputs) <= self._in_place_limit()
+            if self.held_shared is None or not stable:
+                self.held_shared = [describe(x, stable=stable) if isinstance(x, torch.Tensor) else None
+                                    for x in inputs]
+            return {"status": "ok", "outputs": loaded.shared, "inputs": self.held_shared}
         files = {"outputs": [], "inputs": []}
         Path(dir).mkdir(exist_ok=True)
         for kind, tensors in (("outputs", loaded.outputs), ("inputs", inputs)):
@@ -179,12 +223,15 @@ class Executor:
         self.loaded.pop(key, None)
         return {"status": "ok"}
 
-    def release(self) -> dict:
-        """Between candidates: free the inputs, and the allocator's cache, so the next target has the memory."""
+    def release(self, deep: bool = True) -> dict:
+        """Between candidates: free the inputs; deep (another target next, or large inputs): and the allocator's
+        cache, so the next target has the memory. The next candidate of the same target reuses the cached blocks."""
         self.held.clear()
+        self.held_shared = None
         if self.cuda:
             torch.cuda.ipc_collect()  # shared blocks the referee has let go of
-            torch.cuda.empty_cache()
+            if deep:
+                torch.cuda.empty_cache()
         return {"status": "ok"}
 
     # -- kernels --------------------------------------------------------------------------------------------------
@@ -391,6 +438,24 @@ def _scratch_from(buffer: torch.Tensor):
         triton.set_allocator(_no_scratch)
 
 
+def _bytes(tensors: list) -> int:
+    return sum(t.untyped_storage().nbytes() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _same_layout(old: list, new: list) -> bool:
+    """Whether `new` fits into `old` tensor by tensor (dtype, shape, strides, storage size) and non-tensors agree."""
+    if len(old) != len(new):
+        return False
+    for a, b in zip(old, new):
+        if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+            return False
+        if isinstance(a, torch.Tensor) and (a.dtype != b.dtype or a.shape != b.shape or a.stride() != b.stride()
+                                            or a.storage_offset() != b.storage_offset()
+                                            or a.untyped_storage().nbytes() != b.untyped_storage().nbytes()):
+            return False
+    return True
+
+
 def _literal(value) -> str:
     if isinstance(value, str) and value.startswith("tl."):
         return f"triton.language.dtype({value[3:]!r})"
@@ -447,7 +512,7 @@ def serve(reply, workdir: Path) -> None:
             op = cmd.pop("cmd")
             if op == "exit":
                 break
-            if op not in ("shape", "load", "inputs", "run", "share", "unload", "release"):
+            if op not in ("shape", "load", "inputs", "run", "share", "round", "unload", "release"):
                 raise ExecutorError("runtime_error", f"unknown command {op!r}")
             answer = getattr(executor, op)(**cmd)
         except ExecutorError as e:

@@ -64,20 +64,31 @@ class Child:
     """A started program; `call` sends one command and waits for its reply within a deadline."""
 
     def __init__(self, module: str, *, cuda: bool, jailed: bool, statuses: tuple[str, ...],
-                 workdir: Path | None = None, env: dict | None = None, limits: jail.Limits | None = None) -> None:
+                 workdir: Path | None = None, env: dict | None = None, limits: jail.Limits | None = None,
+                 visible: str | None = None, niceness: int = 0) -> None:
+        """visible: the CUDA_VISIBLE_DEVICES entry of the one GPU the child may use (None: the caller's);
+        niceness: started under `nice -n` (jailed planners yield the CPU to the trusted processes that time)."""
         self.statuses = set(statuses) | {"ready"}
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kloop-", dir=scratch_root()))
         self.isolation = jail.detect() if jailed else None
+        self.visible = visible
         read_fd, write_fd = os.pipe()
         self.stdout_path, self.stderr_path = self.workdir / "stdout.txt", self.workdir / "stderr.txt"
         argv = [sys.executable, "-m", module, str(write_fd), str(self.workdir)]
         if jailed:
             argv = jail.command(argv, workdir=self.workdir, readable=[REPO_ROOT / "sandbox", REPO_ROOT / "tools"],
                                 gpu=cuda, limits=limits or jail.Limits(), isolation=self.isolation)
+        if niceness:
+            argv = [shutil.which("nice") or "nice", "-n", str(niceness), *argv]
+        if env is None:
+            env = clean_env(self.workdir, cuda)
+            if jailed:  # RLIMIT_NPROC counts the threads of every jail together: no thread pool per core
+                env.setdefault("OMP_NUM_THREADS", "1")
+        if visible is not None:
+            env = {**env, "CUDA_VISIBLE_DEVICES": visible}
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = jail.spawn(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(write_fd,),
-                                   cwd=self.workdir, env=env if env is not None else clean_env(self.workdir, cuda),
-                                   start_new_session=True, text=True)
+                                   cwd=self.workdir, env=env, start_new_session=True, text=True)
         os.close(write_fd)
         self._replies = os.fdopen(read_fd, "rb", buffering=0)
         self._buffer = b""
@@ -151,6 +162,15 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def stopped(self) -> bool:
+        """Whether the child is stopped (a planner paused while its GPU times a kernel)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        return stat[stat.rindex(b")") + 2:].split()[0] == b"T"
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -163,7 +183,7 @@ class Child:
                 pass
 
     def close(self, keep_workdir: bool = False) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None and not self.stopped():  # a stopped child cannot exit by itself: it is killed
             try:
                 self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
                 self.proc.stdin.flush()
@@ -174,6 +194,33 @@ class Child:
         self._replies.close()
         if not keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from one scan of /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])  # the command name may hold spaces and parentheses
+        children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def descendants(root: int, tree: dict[int, list[int]] | None = None) -> list[int]:
+    """Every process below `root` (children before grandchildren); `tree`: a process_tree() already read."""
+    tree = process_tree() if tree is None else tree
+    found, todo = [], [root]
+    while todo:
+        for child in tree.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def read_limited(path: Path, limit: int = OUTPUT_LIMIT, start: int = 0, stop: int | None = None) -> str:

@@ -37,6 +37,8 @@ class Referee:
         self.compiled: dict[str, object] = {}
         self.held: dict[str, tuple[int, list, list]] = {}   # shape -> (seed, inputs, expected outputs)
         self._opened: set[int] = set()  # ids of the IPC descriptors of the check in progress that were mapped
+        self.mapped: dict[tuple, torch.UntypedStorage] = {}   # stable IPC buffers, kept mapped until release
+        self.counts: dict[str, dict] = {}   # shape -> roofline counts (they depend on the shape only)
         self.cuda = DEVICE.type == "cuda"
         if self.cuda:
             self.flush = torch.empty(2 * torch.cuda.get_device_properties(DEVICE).L2_cache_size, dtype=torch.uint8,
@@ -54,15 +56,18 @@ class Referee:
 
     def forget(self) -> dict:
         """Drop every shape (the next target's come next)."""
-        self.modules.clear(), self.models.clear(), self.compiled.clear(), self.held.clear()
+        self.modules.clear(), self.models.clear(), self.compiled.clear(), self.held.clear(), self.counts.clear()
+        self.mapped.clear()
         if self.cuda:
             torch.cuda.empty_cache()
         return {"status": "ok"}
 
-    def release(self) -> dict:
-        """Between candidates: free the held inputs and outputs (the models stay for the same target's next)."""
+    def release(self, deep: bool = True) -> dict:
+        """Between candidates: unmap the executor's buffers, free the held inputs and outputs (the models stay for
+        the same target's next); deep: and the allocator's cache."""
         self.held.clear()
-        if self.cuda:
+        self.mapped.clear()
+        if self.cuda and deep:
             torch.cuda.empty_cache()
         return {"status": "ok"}
 
@@ -90,39 +95,49 @@ class Referee:
                                             for t in outputs]}
 
     def check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None = None,
-              spread: bool = False) -> dict:
+              spread: bool = False, probe: bool = True) -> dict:
         """Compare the candidate's outputs with the reference, and its inputs with ours, bit for bit.
         The answer also says whether an input looks drawn from [0, 1) (`spreadable`: a spread trial is worth
-        making); a spread trial whose reference output is not all finite is `skipped` (the op's domain excludes
-        negative inputs: log, sqrt, probabilities), never held against the candidate."""
+        making; probe=False skips that question, as timed calls do); a spread trial whose reference output is not
+        all finite is `skipped` (the op's domain excludes negative inputs: log, sqrt, probabilities), never held
+        against the candidate."""
         try:
-            return self._check(shape, seed, outputs, inputs, directory, bool(spread))
+            return self._check(shape, seed, outputs, inputs, directory, bool(spread), bool(probe))
         finally:
             if self.cuda:
                 self._release_unopened(outputs + inputs)
 
     def _release_unopened(self, descs: list) -> None:
-        """Map and drop every CUDA IPC view handed over and not yet opened. The executor's shared blocks are
-        reference-counted across processes: one never opened stays counted, so its memory would never be freed."""
-        from sandbox.ipc import open_view
-
+        """Map and drop every CUDA IPC view handed over and not yet opened (a stable one is mapped and kept until
+        `release`). The executor's shared blocks are reference-counted across processes: one never opened stays
+        counted, so its memory would never be freed."""
         for desc in descs:
             if isinstance(desc, dict) and "handle" in desc and id(desc) not in self._opened:
                 try:
-                    open_view(desc)  # made and dropped at once: the drop gives the count back
+                    self._storage(desc)  # a transient one is made and dropped at once: the drop gives the count back
                 except Exception:  # a descriptor we cannot map was never counted for us either
                     pass
         self._opened.clear()
-        torch.cuda.ipc_collect()
+
+    def _storage(self, desc: dict) -> torch.UntypedStorage:
+        """The executor's buffer behind an IPC description; stable ones are mapped once and kept until release."""
+        from sandbox.ipc import open_storage
+
+        if not desc.get("stable"):
+            return open_storage(desc)
+        key = (desc["device"], desc["handle"], desc["size"], desc["offset"])
+        if key not in self.mapped:
+            self.mapped[key] = open_storage(desc)
+        return self.mapped[key]
 
     def _check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None,
-               spread: bool) -> dict:
+               spread: bool, probe: bool) -> dict:
         expected = self._expected(shape, seed, spread)
         ours = self.held[shape][1]
         if spread and not all(bool(torch.isfinite(t).all()) for t in expected if t.is_floating_point()):
             return {"status": "ok", "reasons": [], "stats": {}, "skipped": "the reference is not finite on inputs "
                     "spread to [-4, 4)"}
-        spreadable = not spread and any(unit_uniform(x) for x in ours)
+        spreadable = probe and not spread and any(unit_uniform(x) for x in ours)
         if len(outputs) != len(expected):
             return {"status": "ok", "reasons": [f"forward returned {len(outputs)} outputs, the reference returns "
                                                 f"{len(expected)}"], "stats": {}}
@@ -156,6 +171,8 @@ class Referee:
             if not verify.same_bits(seen, x):
                 reasons.append(f"input {i} was modified by forward (inputs must be left unchanged)")
             del seen
+        if self.cuda:  # nothing of ours still reads the executor's buffers when it is told to go on
+            torch.cuda.synchronize()
         return {"status": "ok", "reasons": reasons, "stats": stats, "spreadable": spreadable}
 
     def _open(self, desc: dict, directory: str | None, original: dict | None = None) -> torch.Tensor:
@@ -166,7 +183,7 @@ class Referee:
             from sandbox.ipc import open_view
 
             self._opened.add(id(original or desc))
-            return open_view(desc)
+            return open_view(desc, self._storage(original or desc))
         shape = [int(s) for s in desc["shape"]]
         count = 1
         for s in shape:
@@ -209,6 +226,11 @@ class Referee:
         return self.compiled[shape]
 
     def roofline_counts(self, shape: str, seed: int) -> dict:
+        if shape not in self.counts:
+            self.counts[shape] = self._roofline_counts(shape, seed)
+        return self.counts[shape]
+
+    def _roofline_counts(self, shape: str, seed: int) -> dict:
         from tools.profile import count_bytes_and_flops
 
         inputs = self._inputs(shape, seed)

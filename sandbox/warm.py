@@ -17,6 +17,10 @@ import torch
 import torch._dynamo  # noqa: F401  (entering a TorchDispatchMode imports it: 4 s a planner would pay per candidate)
 import triton  # noqa: F401  (imported while warm, so a candidate's first import costs nothing)
 
+# Both roles' code too (nothing runs at import): `become` then costs a dict lookup, not an import on the clock.
+import sandbox.executor  # noqa: F401,E402
+import sandbox.planner  # noqa: F401,E402
+
 from tools.inputs import DEVICE
 from tools.numerics import pin_numeric_flags
 

@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"target", "kind", "run_id", "best_attempt", "best_language", "final_verdict", "eager_us", "compile_us",
             "best_us", "speedup_eager", "speedup_compile", "sol_fraction", "achieved_gbps", "achieved_tflops",
             "copy_gbps", "copy_fraction", "cublas_tflops", "cublas_fraction", "attempts", "loop_seconds",
-            "attempts_per_minute", "overhead_s_median", "best_triton", "best_ptx"}
+            "attempts_per_minute", "overhead_s_median", "beyond_compile_s_median", "device_s_median",
+            "compile_s_median", "best_triton", "best_ptx"}
 
 
 def run_bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -46,7 +47,7 @@ def test_bench_two_targets_on_cpu_writes_json_table_and_goals(tmp_path):
         assert row["attempts"] == 2 and len(store.attempts(row["run_id"])) == 2
         assert row["best_language"] == "triton" and row["final_verdict"] == "correct"  # re-verified at the end
         assert row["best_us"] is None and row["speedup_eager"] is None  # nothing made up without a GPU
-        assert row["overhead_s_median"] > 0
+        assert row["overhead_s_median"] > 0 and row["beyond_compile_s_median"] > 0 and row["device_s_median"] > 0
     assert report["targets"][0]["best_ptx"] is None  # PTX assembles but cannot run here
     assert [g["passed"] for g in report["goals"]] == [None, None, None, None, True, None, None, None]
     # the table and the goal list on stdout, and the plain statement that no timing is real

@@ -181,3 +181,32 @@ def test_fastest_is_one_order_in_sql_and_in_python(tmp_path):
     in_python = [row["number"] for row in sorted(db.attempts(run_id), key=fastest_key)]
     assert in_sql == in_python == [3, 1, 4, 6, 2, 5]
     assert min(db.attempts(run_id), key=fastest_key)["number"] == 3
+
+
+def test_attempts_record_the_gpu_that_ran_them_and_older_files_gain_the_column(tmp_path):
+    gpu = {"name": "NVIDIA H100 80GB HBM3", "index": 3, "uuid": "GPU-1234", "sms": 132}
+    on_gpu = attempt_columns(EvalResult(verdict="correct", executed_on="cuda", gpu=gpu))
+    assert on_gpu["gpu"] == {"index": 3, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1234"}
+    # planned for that GPU but never run on one (a compile error), or run by the CPU interpreter: no GPU
+    assert attempt_columns(EvalResult(verdict="compile_error", gpu=gpu))["gpu"] is None
+    assert attempt_columns(EvalResult(verdict="correct", executed_on="cpu-interpreter"))["gpu"] is None
+    path = tmp_path / "old.db"
+    db = open_db(path)
+    run_id = db.create_run(target_name="t")
+    db.add_attempt(run_id, source="a", verdict="correct")
+    db.db.execute("ALTER TABLE attempts DROP COLUMN gpu")
+    db.close()
+    old = open_db(path, create=False, readonly=True)
+    assert "gpu" not in old.attempts(run_id)[0]
+    old.close()
+    db = open_db(path, create=False)
+    db.add_attempt(run_id, source="b", **on_gpu)
+    assert [a["gpu"] for a in db.attempts(run_id)] == [None, on_gpu["gpu"]]
+
+
+def test_active_seconds_count_the_wall_time_each_attempt_added(tmp_path):
+    db = open_db(tmp_path / "k.db")
+    run_id = db.create_run(target_name="t")
+    db.add_attempt(run_id, source="a", durations={"attempt": 5.0})               # logged before overlap existed
+    db.add_attempt(run_id, source="b", durations={"attempt": 9.0, "wall": 1.5})  # in flight beside others
+    assert db.progress(run_id)["seconds"] == 6.5

@@ -80,6 +80,24 @@ def fastest_by_language(attempts: list[dict]) -> dict[str, dict | None]:
     return fastest
 
 
+def evaluation_seconds(attempts: list[dict]) -> dict[str, float | None]:
+    """Medians over evaluated attempts, in seconds, from the evaluator's own durations: `beyond_compile` (its busy
+    time less the planner's compile and the kernel's timed calls), `device` (load + verify + profile: the GPU's time
+    per candidate, which bounds a pipelined run's rate) and `compile` (the planner's builds)."""
+    found: dict[str, list[float]] = {"beyond_compile": [], "device": [], "compile": []}
+    for a in attempts:
+        d = a["durations"] or {}
+        if d.get("busy") is None:
+            continue
+        build = (d.get("waited") or {}).get("planner:build", 0.0)
+        kernel_s = ((a["time_us"] or {}).get("events_total_ms") or 0.0) / 1000
+        found["beyond_compile"].append(d["busy"] - build - kernel_s)
+        found["compile"].append(build)
+        if d.get("load") is not None:
+            found["device"].append(sum(d.get(k, 0.0) for k in ("load", "verify", "profile")))
+    return {k: statistics.median(v) if v else None for k, v in found.items()}
+
+
 def evaluator_overhead_s(attempts: list[dict]) -> float | None:
     """Median over attempts of (attempt wall time - the candidate's own kernel time in its timed calls), seconds."""
     overheads = []
@@ -126,6 +144,7 @@ def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, 
         "loop_seconds": loop_seconds,
         "attempts_per_minute": len(attempts) / (loop_seconds / 60) if loop_seconds > 0 else None,
         "overhead_s_median": evaluator_overhead_s(attempts),
+        **{f"{k}_s_median": v for k, v in evaluation_seconds(attempts).items()},
         "best_triton": per_language["triton"], "best_ptx": per_language["ptx"],
         "flags": final.flags,
     }

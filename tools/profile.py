@@ -54,12 +54,15 @@ def peak_tflops_for(name: str) -> dict[str, float | None]:
     return dict.fromkeys(PEAK_DTYPES)
 
 
-def _nvml_handle(pynvml, device: int):
-    """NVML's handle for CUDA device `device` (CUDA_VISIBLE_DEVICES renumbers CUDA devices, NVML does not).
+def _nvml_handle(pynvml, device: int, uuid: str | None = None):
+    """NVML's handle for CUDA device `device` (CUDA_VISIBLE_DEVICES renumbers CUDA devices, NVML does not), or for
+    the GPU with `uuid` (a GPU this process does not use itself: one executor's of several).
 
     By UUID when this process already uses CUDA; otherwise from CUDA_VISIBLE_DEVICES, so that a snapshot never
     initializes CUDA itself (a process that forks workers must not).
     """
+    if uuid:
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
     try:
         import torch
 
@@ -87,26 +90,36 @@ def _nvml_read(getter, *args):
         return None
 
 
-def _with_nvml(device: int, read: Callable):
-    """read(pynvml, handle) inside one NVML session; None when NVML or its driver is not there."""
+_nvml_ready: bool | None = None   # NVML initialized once per process (nvmlInit enumerates every GPU: tens of ms)
+
+
+def _with_nvml(device: int, read: Callable, uuid: str | None = None):
+    """read(pynvml, handle) with NVML initialized (once per process, never shut down: snapshots are taken around
+    every timing); None when NVML or its driver is not there."""
+    global _nvml_ready
     try:
         import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no pynvml, no driver, no libnvidia-ml: no NVML facts
+    except ImportError:
+        return None
+    if _nvml_ready is None:
+        try:
+            pynvml.nvmlInit()
+            _nvml_ready = True
+        except Exception:  # no driver, no libnvidia-ml: no NVML facts
+            _nvml_ready = False
+    if not _nvml_ready:
         return None
     try:
-        return read(pynvml, _nvml_handle(pynvml, device))
+        return read(pynvml, _nvml_handle(pynvml, device, uuid))
     except pynvml.NVMLError:
         return None
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def _nvml_facts(pynvml, handle) -> dict:
     bus_bits = _nvml_read(pynvml.nvmlDeviceGetMemoryBusWidth, handle)
     mem_mhz = _nvml_read(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM)
     return {
+        "index": _nvml_read(pynvml.nvmlDeviceGetIndex, handle),
         "driver": _nvml_read(pynvml.nvmlSystemGetDriverVersion),
         # double data rate, bits -> bytes, MB/s -> GB/s
         "peak_gbps": bus_bits * mem_mhz * 2 / 8 / 1000 if bus_bits and mem_mhz else None,
@@ -121,11 +134,15 @@ def gpu_info(device: int = 0) -> dict | None:
         return None
     props = torch.cuda.get_device_properties(device)
     nvml = _with_nvml(device, _nvml_facts) or {}
+    uuid = str(getattr(props, "uuid", "") or "")
     peak_gbps = nvml.get("peak_gbps")
     if peak_gbps is None and getattr(props, "memory_bus_width", 0) and getattr(props, "memory_clock_rate", 0):
         peak_gbps = props.memory_bus_width * props.memory_clock_rate * 2 / 8 / 1e6  # kHz -> GB/s
     info = {
         "name": props.name,
+        # which GPU of the machine: NVML's index (not renumbered by CUDA_VISIBLE_DEVICES) and the UUID
+        "index": nvml["index"] if nvml.get("index") is not None else device,
+        "uuid": (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else None,
         "sms": props.multi_processor_count,
         "smem_per_block_bytes": getattr(props, "shared_memory_per_block_optin", None),
         "smem_per_sm_bytes": getattr(props, "shared_memory_per_multiprocessor", None),
@@ -140,6 +157,24 @@ def gpu_info(device: int = 0) -> dict | None:
     return info
 
 
+def gpu_uuid(visible: str | None = None) -> str | None:
+    """The UUID of the GPU a CUDA_VISIBLE_DEVICES entry names (None: this process's first GPU), from NVML without
+    initializing CUDA; None without NVML."""
+    if visible is None:
+        entries = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        visible = entries[0] if entries else "0"
+    if visible.startswith(("GPU-", "MIG-")):
+        return visible
+
+    def read(pynvml, handle):
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        return uuid.decode() if isinstance(uuid, bytes) else uuid
+
+    if not visible.isdigit():
+        return None
+    return _with_nvml(0, lambda pynvml, _handle: read(pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(visible))))
+
+
 def decode_clock_event_reasons(mask: int) -> list[str]:
     """Names of the NVML clock-event reason bits set in `mask`."""
     names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
@@ -147,8 +182,9 @@ def decode_clock_event_reasons(mask: int) -> list[str]:
     return names + ([f"0x{unknown:x}"] if unknown else [])
 
 
-def nvml_snapshot(device: int = 0) -> dict | None:
-    """Clocks, power, temperature, clock-event reasons and energy of a GPU now; None without NVML. Read-only."""
+def nvml_snapshot(device: int = 0, uuid: str | None = None) -> dict | None:
+    """Clocks, power, temperature, clock-event reasons and energy of a GPU now (CUDA device `device` of this
+    process, or the GPU with `uuid`); None without NVML. Read-only."""
     def read(pynvml, handle):
         power_mw = _nvml_read(pynvml.nvmlDeviceGetPowerUsage, handle)
         events = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
@@ -166,7 +202,7 @@ def nvml_snapshot(device: int = 0) -> dict | None:
             "energy_mj": _nvml_read(pynvml.nvmlDeviceGetTotalEnergyConsumption, handle),
         }
 
-    return _with_nvml(device, read)
+    return _with_nvml(device, read, uuid)
 
 
 def throttle_reasons(before: dict | None, after: dict | None) -> list[str]:

@@ -44,11 +44,12 @@ ATTEMPT_COLUMNS = {
     "compile_log": str, "resources": str, "verdict": str, "reasons": str, "time_us": str, "speedup_eager": float,
     "speedup_compile": float, "sol_fraction": float, "roofline": str, "correctness": str, "ncu": str, "nvml": str,
     "flags": str, "diagnosis": str, "reflection": str, "stdout": str, "stderr": str, "durations": str, "result": str,
-    "parent_reason": str, "archive_cell": str, "island": int,
+    "parent_reason": str, "archive_cell": str, "island": int, "gpu": str,
 }
 # The search strategy's record of each attempt (agent/strategies): why its parent was picked, the MAP-Elites cell the
-# attempt landed in, its island. Nullable, added like ADDED_RUN_COLUMNS.
-ADDED_ATTEMPT_COLUMNS = {"parent_reason": str, "archive_cell": str, "island": int}
+# attempt landed in, its island; and the GPU that ran it (json {index, name, uuid}; null when it ran on none): a run
+# may time on several, and timings compare only within one. Nullable, added like ADDED_RUN_COLUMNS.
+ADDED_ATTEMPT_COLUMNS = {"parent_reason": str, "archive_cell": str, "island": int, "gpu": str}
 MESSAGE_COLUMNS = {
     "id": int, "run_id": str, "attempt_id": int, "branch": int, "turn": int, "seq": int, "created_at": str,
     "role": str, "provider": str, "model": str, "content": str, "input_tokens": int, "output_tokens": int,
@@ -78,8 +79,16 @@ def attempt_columns(result: EvalResult) -> dict:
         "speedup_eager": result.speedup_over("eager"), "speedup_compile": result.speedup_over("compile"),
         "sol_fraction": result.sol_fraction, "roofline": d["roofline"], "correctness": d["correctness"],
         "ncu": d["ncu"], "nvml": result.nvml, "flags": result.flags, "stdout": result.stdout,
-        "stderr": result.stderr, "durations": result.durations_s, "result": d,
+        "stderr": result.stderr, "durations": result.durations_s, "result": d, "gpu": device_of(result),
     }
+
+
+def device_of(result: EvalResult) -> dict | None:
+    """Which GPU ran an attempt: {index (NVML's, the machine's numbering), name, uuid}; None when none did."""
+    gpu = result.gpu or {}
+    if result.executed_on != "cuda" or not gpu:
+        return None
+    return {"index": gpu.get("index"), "name": gpu.get("name"), "uuid": gpu.get("uuid")}
 
 
 class StoreError(Exception):
@@ -345,13 +354,15 @@ class Store:
 
     def progress(self, run_id: str) -> dict:
         """The numbers the loop's stop rules need, without loading sources: attempts, active seconds spent
-        (sum of each attempt's durations.attempt), tokens and dollars, the best attempt's number and SOL fraction."""
+        (sum of the wall time each attempt added, durations.wall; durations.attempt for rows logged before attempts
+        overlapped), tokens and dollars, the best attempt's number and SOL fraction."""
         with self._lock:
             return self._progress(run_id)
 
     def _progress(self, run_id: str) -> dict:
         count, seconds, last = self.db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(json_extract(durations, '$.attempt')), 0), COALESCE(MAX(number), 0) "
+            "SELECT COUNT(*), COALESCE(SUM(COALESCE(json_extract(durations, '$.wall'), "
+            "json_extract(durations, '$.attempt'))), 0), COALESCE(MAX(number), 0) "
             "FROM attempts WHERE run_id = ?", [run_id]).fetchone()
         best = self.db.execute(BEST_SQL.format(columns="a.id, a.number, a.sol_fraction, a.speedup_eager"),
                                [run_id]).fetchone()

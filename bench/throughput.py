@@ -1,0 +1,286 @@
+"""Throughput of the loop on one node (not a test): candidates per minute per target, the evaluator's overhead and
+where it goes, and the bench's own figures, pipelined against one candidate at a time, side by side in one run.
+
+    python bench/throughput.py --out "$OUT"                       # one GPU, about 8 minutes
+    python bench/throughput.py --gpus 0,1 --scaling --out "$OUT"  # 2 GPUs: GPU 0 alone, then both, same targets
+
+Phases (each skipped, and said so, when the --budget-s left cannot hold it):
+1. breakdown: vector_add's triton_block starter evaluated one at a time (bench/evaluator.py's measure): wall,
+   overhead beyond compile, each stage and each wait on another process, medians with quartiles.
+2. pipelined: the offline policy on each small built-in target for --seconds-per-target, in one evaluator session
+   (parallel jailed planners, one executor and referee per GPU, attempts in flight); then the best kernel re-timed
+   with eager on the same device (its time, speedup and timing CV).
+3. sequential: the same on --sequential-targets with one planner and one attempt in flight (the loop as it was
+   before pipelining, with today's evaluator).
+4. --scaling: phase 2 again on the first GPU alone, for the ratio of candidates per minute.
+The last lines are a short table; the full report goes to OUT/throughput.json, the run database to
+OUT/throughput.db.gz.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import evaluator as evaluator_bench  # noqa: E402  (bench/evaluator.py)
+
+from agent import run as runs  # noqa: E402
+from sandbox.evaluate import EvalSettings, Session, versions  # noqa: E402
+from tools import bench  # noqa: E402
+from tools.profile import gpu_info  # noqa: E402
+from tools.store import open_db  # noqa: E402
+from tools.target import load_target  # noqa: E402
+
+SMALL = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")
+GOAL_PER_MINUTE = 60.0
+GOAL_OVERHEAD_S = 0.5
+
+
+class Clock:
+    def __init__(self, budget_s: float) -> None:
+        self.start, self.budget_s = time.monotonic(), budget_s
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.start)
+
+
+def say(*parts) -> None:
+    print(*parts, flush=True)
+
+
+def median_of(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def one_target(store, name: str, seconds: float, evaluator: dict, session) -> dict:
+    """One target's offline run in `session` for `seconds` of loop time, then its best re-timed beside eager."""
+    cap = 10**9
+    settings = runs.settings_for(name, max_attempts=cap, hours=seconds / 3600, target_sol=sys.float_info.max,
+                                 patience=cap, started_by="bench/throughput.py", **evaluator)
+    run = runs.start(store, "offline", settings)
+    began = time.monotonic()
+    runs.run(run, session=session)
+    wall = time.monotonic() - began
+    attempts = store.attempts(run.id)
+    best = store.best_attempt(run.id)
+    final = None
+    if best is not None:  # on the session's first device, warm, nothing else running
+        target = load_target(name)
+        with session.evaluation(target, best["source"], EvalSettings(baselines=("eager",))) as ev:
+            ev.assemble(), ev.verify(), ev.profile()
+        final = ev.result
+    seconds_of = bench.evaluation_seconds(attempts)
+    waits = [(a["durations"] or {}).get("waited", {}) for a in attempts]
+    verdicts = {}
+    for a in attempts:
+        verdicts[a["verdict"]] = verdicts.get(a["verdict"], 0) + 1
+    gpus = sorted({(a["gpu"] or {}).get("index") for a in attempts if a["gpu"]}, key=str)
+    return {
+        "target": name, "run_id": run.id, "attempts": len(attempts), "loop_s": wall,
+        "per_minute": len(attempts) / wall * 60 if wall else None, "verdicts": verdicts, "gpus_used": gpus,
+        "overhead_beyond_compile_s": seconds_of["beyond_compile"], "device_s": seconds_of["device"],
+        "compile_s": seconds_of["compile"],
+        "planner_acquire_s": median_of([w.get("planner:acquire") for w in waits]),
+        "queued_s": median_of([(a["durations"] or {}).get("queued") for a in attempts]),
+        "best_attempt": best["number"] if best else None, "best_language": best["language"] if best else None,
+        "best_run_us": (best["time_us"] or {}).get("median") if best else None,
+        "best_run_cv": (best["time_us"] or {}).get("cv") if best else None,
+        "final_verdict": final.verdict if final else None,
+        "final_us": final.median_us if final else None,
+        "final_cv": final.time_us.cv if final and final.time_us else None,
+        "final_speedup_eager": final.speedup_over("eager") if final else None,
+        "final_sol": final.sol_fraction if final else None,
+        "pipeline": session_depth(settings, session),
+    }
+
+
+def session_depth(settings: dict, session) -> int:
+    return runs.pipeline_depth(settings, "offline", session.planners, len(session.devices))
+
+
+def phase(store, targets: list[str], seconds: float, evaluator: dict, clock: Clock, label: str,
+          session_maker=None) -> dict:
+    """Targets run one after another in one evaluator session (started, and warm, before the first)."""
+    out = {"label": label, "evaluator": evaluator, "targets": [], "skipped": []}
+    per_target = seconds + 25   # the window drains past the budget, then the best is re-timed
+    began = time.monotonic()
+    session = session_maker() if session_maker else runs.evaluator_session(
+        runs.settings_for(targets[0], **evaluator), load_target(targets[0]))
+    with session:
+        session.start()
+        out["start_s"] = time.monotonic() - began
+        out["planners"], out["devices"] = session.planners, [d.name for d in session.devices]
+        for name in targets:
+            if clock.left() < per_target:
+                out["skipped"].append(name)
+                continue
+            say(f"[{label}] {name}: {seconds:g} s ...")
+            try:
+                row = one_target(store, name, seconds, evaluator, session)
+            except Exception:
+                out.setdefault("errors", {})[name] = traceback.format_exc()[-4000:]
+                say(f"[{label}] {name} failed:\n{out['errors'][name]}")
+                continue
+            say(f"[{label}] {name}: {row['attempts']} attempts in {row['loop_s']:.0f} s = "
+                f"{row['per_minute']:.1f}/min; beyond compile {row['overhead_beyond_compile_s']}, "
+                f"GPU {row['device_s']} s; best {row['final_us']} us")
+            out["targets"].append(row)
+    return out
+
+
+def table(report: dict) -> str:
+    lines = []
+    b = report.get("breakdown")
+    if b:
+        lines.append(f"evaluator, one candidate at a time (vector_add, n={b['wall_s']['n']}): wall "
+                     f"{b['wall_s']['median']:.2f} s, beyond compile {b['overhead_beyond_compile_s']['median']:.2f} s "
+                     f"(IQR {b['overhead_beyond_compile_s']['q1']:.2f}-{b['overhead_beyond_compile_s']['q3']:.2f}); "
+                     + ", ".join(f"{k} {v['median']:.2f}" for k, v in b["stages_s"].items()
+                                 if k in ("plan", "load", "verify", "profile")))
+    head = f"{'mode':<12} {'target':<11} {'att':>4} {'/min':>6} {'beyond':>7} {'GPU s':>6} {'compile':>7} " \
+           f"{'best us':>8} {'cv':>6} {'x eager':>7}"
+    lines.append(head)
+    for key in ("pipelined", "sequential", "scaling_one_gpu"):
+        ph = report.get(key)
+        if not ph:
+            continue
+        for r in ph["targets"]:
+            fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
+            lines.append(f"{key[:12]:<12} {r['target']:<11} {r['attempts']:>4} {fmt(r['per_minute'], '{:.1f}'):>6} "
+                         f"{fmt(r['overhead_beyond_compile_s'], '{:.2f}'):>7} {fmt(r['device_s'], '{:.2f}'):>6} "
+                         f"{fmt(r['compile_s'], '{:.2f}'):>7} {fmt(r['final_us'], '{:.1f}'):>8} "
+                         f"{fmt(r['final_cv'], '{:.2%}'):>6} {fmt(r['final_speedup_eager'], '{:.2f}'):>7}")
+        rates = [r["per_minute"] for r in ph["targets"] if r["per_minute"]]
+        if rates:
+            lines.append(f"{key[:12]:<12} {'(min/med)':<11} {'':>4} {min(rates):>6.1f} / {statistics.median(rates):.1f}"
+                         f"  planners {ph['planners']}, devices {len(ph['devices'])}, started in {ph['start_s']:.0f} s"
+                         + (f", skipped {','.join(ph['skipped'])}" if ph["skipped"] else ""))
+    for key, error in report.get("errors", {}).items():
+        lines.append(f"ERROR in {key}: {error.strip().splitlines()[-1][:200]}")
+    for goal in report.get("goals", []):
+        lines.append(f"{'PASS' if goal['passed'] else 'FAIL' if goal['passed'] is False else 'n/a '} {goal['goal']}: "
+                     f"{goal['detail']}")
+    return "\n".join(lines)
+
+
+def goals(report: dict) -> list[dict]:
+    found = []
+    pipelined = (report.get("pipelined") or {}).get("targets", [])
+    if pipelined:
+        worst = min(pipelined, key=lambda r: r["per_minute"] or 0)
+        found.append({"goal": f">= {GOAL_PER_MINUTE:g} candidates/min per GPU on every small target",
+                      "passed": all((r["per_minute"] or 0) / max(1, len(report["pipelined"]["devices"]))
+                                    >= GOAL_PER_MINUTE for r in pipelined),
+                      "detail": f"lowest {worst['target']} {worst['per_minute']:.1f}/min on "
+                                f"{len(report['pipelined']['devices'])} device(s)"})
+    b = report.get("breakdown")
+    if b:
+        m = b["overhead_beyond_compile_s"]["median"]
+        found.append({"goal": f"median evaluator overhead beyond compile <= {GOAL_OVERHEAD_S:g} s", "passed":
+                      m <= GOAL_OVERHEAD_S, "detail": f"{m:.2f} s one at a time"})
+    seq = {r["target"]: r for r in (report.get("sequential") or {}).get("targets", [])}
+    same = [(r, seq[r["target"]]) for r in pipelined if r["target"] in seq and r["final_us"] and
+            seq[r["target"]]["final_us"]]
+    if same:
+        found.append({"goal": "same best kernels or better than one at a time (best us, within 2%)",
+                      "passed": all(p["final_us"] <= s["final_us"] * 1.02 for p, s in same),
+                      "detail": ", ".join(f"{p['target']} {p['final_us']:.1f} vs {s['final_us']:.1f}" for p, s in same)})
+        found.append({"goal": "timing CV unchanged (final re-time, pipelined vs one at a time)", "passed": None,
+                      "detail": ", ".join(f"{p['target']} {p['final_cv']:.2%} vs {s['final_cv']:.2%}" for p, s in same
+                                          if p["final_cv"] is not None and s["final_cv"] is not None)})
+    one = report.get("scaling_one_gpu")
+    if one and pipelined:
+        a = {r["target"]: r["per_minute"] for r in one["targets"]}
+        ratios = [r["per_minute"] / a[r["target"]] for r in pipelined if a.get(r["target"])]
+        if ratios:
+            g = statistics.geometric_mean(ratios)
+            found.append({"goal": f"{len(report['pipelined']['devices'])} GPUs >= 1.8x one GPU's candidates/min",
+                          "passed": g >= 1.8, "detail": f"geomean ratio {g:.2f}x"})
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budget-s", type=float, default=500, help="phases that no longer fit are skipped")
+    parser.add_argument("--seconds-per-target", type=float, default=30)
+    parser.add_argument("--targets", default=",".join(SMALL))
+    parser.add_argument("--sequential-targets", default="vector_add,softmax")
+    parser.add_argument("--sequential-seconds", type=float, default=25)
+    parser.add_argument("--repeats", type=int, default=8, help="evaluations in the breakdown")
+    parser.add_argument("--gpus", default=None, help="all or indices (0,1): one device each (default: this GPU)")
+    parser.add_argument("--planners", type=int, default=None)
+    parser.add_argument("--scaling", action="store_true", help="also run the pipelined phase on the first GPU alone")
+    args = parser.parse_args()
+    clock = Clock(args.budget_s)
+    args.out.mkdir(parents=True, exist_ok=True)
+    # The run database holds every attempt's PTX and SASS (tens of MB): it is kept aside and copied gzipped.
+    db_path = Path(tempfile.mkdtemp(prefix="kloop-throughput-")) / "throughput.db"
+    store = open_db(db_path)
+    targets = [t for t in args.targets.split(",") if t]
+    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": gpu_info(), "versions": versions(),
+              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    say(f"GPU: {(report['gpu'] or {}).get('name')}; budget {args.budget_s:.0f} s")
+
+    def save() -> None:
+        report["goals"] = goals(report)
+        (args.out / "throughput.json").write_text(json.dumps(report, indent=1, default=str))
+
+    def attempt(key: str, work) -> None:
+        """One phase; a failure is recorded (with its traceback) and the next phase still runs."""
+        try:
+            report[key] = work()
+        except Exception:
+            report.setdefault("errors", {})[key] = traceback.format_exc()[-6000:]
+            say(f"{key} failed:\n{report['errors'][key]}")
+        save()
+
+    def breakdown() -> dict:
+        with Session(spares=4) as session:
+            session.start()
+            target = load_target("vector_add")
+            source = (ROOT / "agent/kernels/vector_add/triton_block.py").read_text()
+            found = evaluator_bench.measure(session, target, source, args.repeats)
+        say(evaluator_bench.breakdown_table(found))
+        return found
+
+    if clock.left() > 60:
+        attempt("breakdown", breakdown)
+    evaluator = {"gpus": args.gpus, "planners": args.planners}
+    evaluator = {k: v for k, v in evaluator.items() if v is not None}
+    attempt("pipelined", lambda: phase(store, targets, args.seconds_per_target, evaluator, clock, "pipelined"))
+    seq_targets = [t for t in args.sequential_targets.split(",") if t]
+    if seq_targets and clock.left() > args.sequential_seconds + 35:
+        attempt("sequential", lambda: phase(store, seq_targets, args.sequential_seconds,
+                                            {"pipeline": 1, "planners": 1}, clock, "sequential",
+                                            lambda: Session(spares=2, planners=1)))
+    if args.scaling and args.gpus:
+        first = runs.gpu_list(args.gpus)[:1]
+        one = {**evaluator, "gpus": None}
+        planners = runs.planners_for(one, 1, load_target(targets[0]))
+        attempt("scaling_one_gpu", lambda: phase(store, targets, args.seconds_per_target, one, clock, "one GPU",
+                                                 lambda: Session(spares=planners, gpus=first, planners=planners)))
+    save()
+    say("")
+    say(table(report))
+    store.close()
+    with open(db_path, "rb") as raw, gzip.open(args.out / "throughput.db.gz", "wb", compresslevel=6) as packed:
+        shutil.copyfileobj(raw, packed)
+    say(f"wrote {args.out / 'throughput.json'} and {args.out / 'throughput.db.gz'} "
+        f"({(args.out / 'throughput.db.gz').stat().st_size / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
