@@ -144,7 +144,7 @@ def make_policy(name: str, settings: dict, target, store: Store):
 
     if name == "offline":
         kwargs = {"target": target, "seed_kernel": settings.get("seed_kernel"), "store": store,
-                  "remembered": settings.get("memory_seeds")}
+                  "remembered": settings.get("memory_seeds"), "inductor_starter": settings.get("inductor_starter")}
     elif name == "replay":
         kwargs = {"store": store, "source_run_id": settings["from_run"]}
     else:
@@ -195,7 +195,8 @@ def start(store: Store, policy: str, settings: dict, target=None, **columns: Any
     check_settings(policy, settings)
     target = target if target is not None else load_target(settings["target"])
     policy_obj = make_policy(policy, settings, target, store)
-    settings = {**settings, "model": policy_obj.model or None}  # pinned: a resumed run keeps its model
+    # pinned: a resumed run keeps its model, and the offline policy's generated starter (policy.pinned)
+    settings = {**settings, "model": policy_obj.model or None, **getattr(policy_obj, "pinned", {})}
     from_run = settings.get("from_run")
     run_id = store.create_run(target_name=target.name, target_source=target.source, target_sha256=target.sha256,
                               policy=policy, model=policy_obj.model, settings=settings,
