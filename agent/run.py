@@ -243,10 +243,11 @@ def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: fl
                previous_status=row["status"], attempts_before=progress["attempts"])
 
 
-def run(r: Run, on_event: Callable[[dict], None] = lambda event: None) -> dict | None:
+def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=None) -> dict | None:
     """Run the loop to a stop rule and return the run's best verified attempt (a row of the attempts table), or
     None. Events: the graph's (stage, attempt, api_error, stop) and {"kind": "warning", "message"}. Ctrl-C marks the
-    run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed."""
+    run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed.
+    session: an evaluator Session to run in (a suite keeps one warm across its runs), else one of its own."""
     from agent.policy import PolicyError
     from tools.store import StoreError
     from tools.target import TargetError
@@ -257,21 +258,29 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None) -> dict |
         if gpu is not None:
             r.store.update_run(r.id, **gpu_columns(gpu))
     try:
-        run_graph(r.store, r.id, r.settings, r.target, r.policy, gpu, on_event, extend=r.extend)
+        run_graph(r.store, r.id, r.settings, r.target, r.policy, gpu, on_event, extend=r.extend, session=session)
     except (TargetError, PolicyError, StoreError) as e:
         raise RunFailed(r.id, str(e)) from e
     return r.store.best_attempt(r.id)
 
 
 def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: dict | None,
-              on_event: Callable[[dict], None], extend: bool = False) -> None:
+              on_event: Callable[[dict], None], extend: bool = False, session=None) -> None:
     """The loop itself in one evaluator session (a fresh secret seed per session, never stored); the lower level of
-    `run`. extend: the run had finished and was given new budgets; its graph starts again from its logged attempts."""
+    `run`. extend: the run had finished and was given new budgets; its graph starts again from its logged attempts.
+    session: a Session kept by the caller (its standing best is cleared: each run has its own)."""
+    import contextlib
+
     from agent.graph import Loop, run_loop
     from sandbox.evaluate import EvalSettings, Session
     from tools.target import shown_source
 
-    with Session(spares=spares(settings), settings=EvalSettings()) as session:
+    if session is not None and session.best is not None:  # the last run's best is no bar for this one
+        import shutil
+        shutil.rmtree(session.best.directory, ignore_errors=True)
+        session.best = None
+    with contextlib.nullcontext(session) if session is not None else \
+            Session(spares=spares(settings), settings=EvalSettings()) as session:
         store.update_run(run_id, isolation=session.isolation)
         if session.weakly_isolated:
             on_event({"kind": "warning", "message": f"candidates run with weaker isolation: {session.isolation}"})
