@@ -57,10 +57,12 @@ LOOPED_R0_BLOCK = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 NUM_WARPS = [1, 2, 4, 8, 16]
 NUM_STAGES = [1, 2, 3, 4, 5]
 MAX_TILE_ELEMENTS = 8192   # a persistent reduction keeps XBLOCK * R0_BLOCK values live: XBLOCK shrinks to fit
-# Under the CPU interpreter every program is a step of a Python loop over numpy blocks, so Inductor's defaults for
-# tiny sizes (XBLOCK 2, R0_BLOCK 16) take minutes: there, defaults that make few programs (nothing is timed anyway).
-INTERPRETER_DEFAULTS = {"pointwise": {"XBLOCK": 4096, "YBLOCK": 64}, "persistent_reduction": {"XBLOCK": 64},
-                        "reduction": {"XBLOCK": 64, "R0_BLOCK": 1024}}
+# Under the CPU interpreter every program, and every loop step, is Python over numpy blocks, and a reduction with a
+# combine function (Inductor's NaN-propagating max) calls it per element: Inductor's defaults for tiny sizes
+# (XBLOCK 2, R0_BLOCK 16) take minutes there, and so do tiles padded far past the data. So under the interpreter
+# (nothing is timed) one tile spans a whole row where it can, no wider than the sizes Inductor generated for, and
+# Inductor's max2/min2 helpers become tl.max/tl.min (numpy's max and min propagate NaN there, as the helpers do).
+INTERPRETER_TILE = 8192
 
 
 class NoStarter(Exception):
@@ -85,6 +87,15 @@ class Generated:
 
 
 # -- the parent side ----------------------------------------------------------------------------------------------
+_RUNNING: set = set()   # generating children, so that a stopped suite can end them (stop_generating)
+
+
+def stop_generating() -> None:
+    """Kill every generation in flight in this process (their callers get NoStarter)."""
+    for child in list(_RUNNING):
+        child.kill()
+
+
 def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIMEOUT_S) -> Generated:
     """The standalone Inductor starter for a target (a built-in name or a KernelBench-style file), generated in a
     child process. small: generate at the target's CPU size (default: when there is no CUDA GPU). NoStarter, with a
@@ -94,15 +105,25 @@ def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIM
         small = DEVICE.type != "cuda"
     env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1" if small else "0")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # Inductor compiles template candidates with a pool of one worker per core; a suite runs several generations
+    # side by side, each with a small pool
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "2")
     command = [sys.executable, "-m", "agent.kernels.inductor", str(target_spec)] + (["--small"] if small else [])
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(ROOT))
-    except subprocess.TimeoutExpired:
-        raise NoStarter(f"torch.compile did not finish generating Triton within {timeout_s:.0f} s") from None
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          cwd=str(ROOT)) as child:
+        _RUNNING.add(child)
+        try:
+            stdout, stderr = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise NoStarter(f"torch.compile did not finish generating Triton within {timeout_s:.0f} s") from None
+        finally:
+            _RUNNING.discard(child)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
-        tail = " ".join((done.stderr or "").strip().splitlines()[-1:])[:300]
-        raise NoStarter(f"generating Inductor's Triton failed (exit {done.returncode}): {tail or 'no output'}")
+        tail = " ".join((stderr or "").strip().splitlines()[-1:])[:300]
+        raise NoStarter(f"generating Inductor's Triton failed (exit {child.returncode}): {tail or 'no output'}")
     reply = json.loads(lines[-1])
     if "error" in reply:
         raise NoStarter(reply["error"])
@@ -110,10 +131,11 @@ def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIM
 
 
 # -- the child side -----------------------------------------------------------------------------------------------
-def _configure() -> None:
+def _configure(cuda: bool) -> None:
     """Inductor settings for generation: no caches or freezing (parameters stay graph inputs); GEMMs and
     convolutions as Triton templates (max-autotune, TRITON backend) rather than cuBLAS/cuDNN calls; on the CPU,
-    Inductor's Triton backend."""
+    Inductor's Triton backend, and its first template configuration rather than benchmarking them all (each would
+    run under the interpreter: minutes for one convolution)."""
     import torch._inductor.config as inductor_config
 
     inductor_config.fx_graph_cache = False
@@ -123,6 +145,8 @@ def _configure() -> None:
     inductor_config.max_autotune_gemm_backends = "TRITON"
     inductor_config.max_autotune_conv_backends = "TRITON"
     inductor_config.cpu_backend = "triton"
+    if not cuda and hasattr(inductor_config, "deterministic"):
+        inductor_config.deterministic = True
 
 
 def capture(model, inputs: list) -> tuple[str, list[str]]:
@@ -137,7 +161,7 @@ def capture(model, inputs: list) -> tuple[str, list[str]]:
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.graph import GraphLowering
 
-    _configure()
+    _configure(any(getattr(t, "is_cuda", False) for t in inputs) or torch.cuda.is_available())
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     weights = [p.detach() for p in model.parameters()] + [b.detach() for b in model.buffers()]
     codes: list[str] = []
@@ -186,6 +210,7 @@ class Kernel:
     params: list[str]      # runtime parameters, in order
     constexprs: list[str]  # constexpr parameters (XBLOCK, R0_BLOCK, ...)
     configs: list[dict] = field(default_factory=list)   # Inductor's configurations: {kwargs, num_warps, num_stages}
+    size_hints: dict = field(default_factory=dict)      # the sizes it generated for, rounded up: {x, y, r0_}
 
 
 _KERNEL_KINDS = ("pointwise", "persistent_reduction", "reduction", "template", "split_scan", "foreach",
@@ -228,22 +253,25 @@ def parse_kernel(name: str, text: str) -> Kernel:
     unknown = [c for c in constexprs if c not in ("XBLOCK", "YBLOCK", "ZBLOCK", "R0_BLOCK")]
     if unknown:
         raise NoStarter(f"kernel {name} takes constexpr {', '.join(unknown)}, which the generator cannot choose")
+    configs, size_hints = inductor_configs(text)
     return Kernel(name, source, kind, "FixedGrid" if kind == "template" else grid_type, params, constexprs,
-                  inductor_configs(text))
+                  configs, size_hints)
 
 
-def inductor_configs(text: str) -> list[dict]:
+def inductor_configs(text: str) -> tuple[list[dict], dict]:
     """The configurations Inductor's heuristics give a kernel (its decorator, run with `cached_autotune` captured
-    instead of compiling anything): [{kwargs, num_warps, num_stages}], in Inductor's order; [] where they cannot
-    be had (the defaults of this module then apply)."""
+    instead of compiling anything): [{kwargs, num_warps, num_stages}] in Inductor's order, and the size hints they
+    were made for ({x: 1024, r0_: 2048}); ([], {}) where they cannot be had (this module's defaults then apply)."""
     from unittest import mock
 
     from torch._inductor.runtime import triton_helpers, triton_heuristics
 
     captured: list = []
+    hints: dict = {}
 
     def capture_configs(size_hints, configs, *args, **kwargs):
         captured.extend(configs)
+        hints.update(size_hints if isinstance(size_hints, dict) else {})
         return lambda fn: fn
 
     try:  # the module's driver selection is for running kernels, which this does not
@@ -252,8 +280,23 @@ def inductor_configs(text: str) -> list[dict]:
                 mock.patch.object(triton_helpers, "set_driver_to_cpu", lambda: None):
             exec(compile(text, "<inductor kernel>", "exec"), {"__file__": "<inductor kernel>"})
     except Exception:  # an Inductor version whose heuristics need more than the decorator: fixed defaults instead
-        return []
-    return [{"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in captured]
+        return [], {}
+    return [{"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in captured], \
+        {k: v for k, v in hints.items() if isinstance(v, int)}
+
+
+def interpreter_blocks(k: Kernel) -> dict:
+    """Block sizes for the CPU interpreter (INTERPRETER_TILE): a reduction's whole row in one tile (up to 4096),
+    as many rows as fit; a pointwise tile as large as the data, up to 4096 (64 x 64 for 2-D tiles)."""
+    x, y, r = (k.size_hints.get(axis, 1024) for axis in ("x", "y", "r0_"))
+    if k.kind == "pointwise":
+        return {"XBLOCK": min(x, 4096)} if k.constexprs == ["XBLOCK"] else {"XBLOCK": min(x, 64), "YBLOCK": min(y, 64)}
+    if k.kind == "persistent_reduction":
+        return {"XBLOCK": max(1, min(x, INTERPRETER_TILE // r))}
+    if k.kind == "reduction":
+        r0_block = min(r, 4096)
+        return {"R0_BLOCK": r0_block, "XBLOCK": max(1, min(x, INTERPRETER_TILE // r0_block))}
+    return {}
 
 
 def helper_sources(names: set[str]) -> dict[str, str]:
@@ -309,7 +352,7 @@ def kernel_tunables(i: int, k: Kernel, interpreter: bool = False) -> tuple[dict[
     p = f"K{i}_"
     first = k.configs[0] if k.configs else {"kwargs": {}, "num_warps": None, "num_stages": None}
     if interpreter:
-        first = {**first, "kwargs": {**first["kwargs"], **INTERPRETER_DEFAULTS.get(k.kind, {})}}
+        first = {**first, "kwargs": {**first["kwargs"], **interpreter_blocks(k)}}
     tunables, defaults = {}, {}
 
     def add(name, values, fallback, inductor_value=None):
@@ -453,7 +496,8 @@ def translate_call(wrapper: str, kernels: dict[str, int]) -> str:
     function = ast.parse("def _inductor_call(args, device):\n    pass\n").body[0]
     function.body = body.body or function.body
     source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[]))) + "\n"
-    allowed = {"_empty_strided", "_reinterpret_tensor", "len"} | {f"_launch_{i}" for i in kernels.values()}
+    allowed = {"_empty_strided", "_reinterpret_tensor", "len", "max", "min", "abs", "int"} | \
+        {f"_launch_{i}" for i in kernels.values()}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             func = ast.unparse(node.func)
@@ -538,7 +582,7 @@ def _reinterpret_tensor(t, size, stride, offset):
 def build_candidate(wrapper: str, sources: list[str], reference_source: str, single_output: bool,
                     interpreter: bool = False) -> Generated:
     """The standalone candidate module from Inductor's wrapper source and its graph inputs (interpreter: for the
-    CPU interpreter, see INTERPRETER_DEFAULTS)."""
+    CPU interpreter, see INTERPRETER_TILE)."""
     tree = ast.parse(wrapper)
     texts: dict[str, str] = {}
     for node in tree.body:
@@ -552,6 +596,9 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
         raise NoStarter("Inductor generated no Triton kernel for this reference (its code only allocates, views "
                         "or returns its inputs)")
     kernels = [parse_kernel(name, text) for name, text in texts.items()]
+    if interpreter:  # the interpreter calls a reduction's combine function per element: 90 s for a 16 x 1536 softmax
+        for k in kernels:
+            k.source = re.sub(r"\btriton_helpers\.(max|min)2\(", lambda m: f"tl.{m.group(1)}(", k.source)
     used = set()
     for k in kernels:
         used |= set(re.findall(r"\btriton_helpers\.(\w+)", k.source))
