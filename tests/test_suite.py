@@ -168,6 +168,7 @@ def test_report_numbers_match_a_hand_computed_case(timed_suite, tmp_path):
     assert "counts as 1.0x" in markdown and "5 of 6 problems finished" in markdown
     assert "NVIDIA H100 80GB HBM3" in markdown and "2.11.0" in markdown
     assert "## Below torch.compile" in markdown and "level1/3_C" in markdown.split("## Below torch.compile")[1]
+    assert "| level1/4_D | refine | 1 | #1 incorrect |" in markdown   # a run without a verified kernel, and why
     document = json.loads((tmp_path / "out" / "report.json").read_text())
     assert document["summary"]["fast_p"]["eager"]["2"] == pytest.approx(0.2)
 

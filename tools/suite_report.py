@@ -52,7 +52,7 @@ def collect(store, rows: list[dict]) -> list[dict]:
                   "time_us": None, "eager_us": None, "compile_us": None, "speedup_eager": None,
                   "speedup_compile": None, "sol_fraction": None, "attempts": 0, "correct_attempts": 0,
                   "attempts_to_98": None, "cost_usd": 0.0, "tokens": 0, "gpu": None, "versions": None,
-                  "curve": []}
+                  "last_failure": None, "curve": []}
         run_id = row.get("run_id")
         runs = list(store.db.query("SELECT gpu_name, driver, cuda, versions, best_attempt_id FROM runs WHERE id = ?",
                                    [run_id])) if run_id else []
@@ -66,11 +66,15 @@ def collect(store, rows: list[dict]) -> list[dict]:
                 "json_extract(time_us, '$.median') AS median, "
                 "json_extract(result, '$.baselines.eager.median') AS eager, "
                 "json_extract(result, '$.baselines.compile.median') AS compile, "
-                "substr(source, 1, 400) AS head FROM attempts WHERE run_id = ? ORDER BY number", [run_id]))
+                "json_extract(reasons, '$[0]') AS reason, substr(source, 1, 400) AS head FROM attempts "
+                "WHERE run_id = ? ORDER BY number", [run_id]))
             usage = store.usage(run_id)
             result.update(attempts=len(attempts), correct_attempts=sum(a["verdict"] == "correct" for a in attempts),
                           cost_usd=usage["cost_usd"], tokens=usage["tokens"],
-                          curve=[(a["number"], a["verdict"] == "correct", a["speedup_eager"]) for a in attempts])
+                          curve=[(a["number"], a["verdict"] == "correct", a["speedup_eager"]) for a in attempts],
+                          last_failure=next((f"#{a['number']} {a['verdict']}" + (f": {a['reason']}" if a["reason"]
+                                                                                   else "")
+                                             for a in reversed(attempts) if a["verdict"] != "correct"), None))
             best = next((a for a in attempts if a["id"] == run["best_attempt_id"]), None)
             if best is not None:
                 timed = best["median"] is not None
@@ -392,7 +396,8 @@ def report_markdown(summaries: dict[str, dict], results: list[dict], context: di
     versions = context.get("versions") or {}
     lines = [f"# kloop suite: {context.get('title') or 'report'}", ""]
     machine = [["GPU", gpu.get("name") or "none (CPU, Triton interpreter)"], ["driver", gpu.get("driver")],
-               ["CUDA", gpu.get("cuda")]] + [[k, v] for k, v in versions.items()]
+               ["CUDA (driver)", gpu.get("cuda")]] + [[f"{k} (torch's)" if k == "cuda" else k, v]
+                                                       for k, v in versions.items()]
     machine += [[k, v] for k, v in (context.get("settings") or {}).items()]
     lines += [markdown_table(["", ""], machine), ""]
     if not timed:
@@ -457,6 +462,11 @@ def report_markdown(summaries: dict[str, dict], results: list[dict], context: di
                   markdown_table(["problem", "strategy", "x compile", "x eager", "starter", "attempts"],
                                  [[r["problem"], r["strategy"], _num(r["speedup_compile"]), _num(r["speedup_eager"]),
                                    r["template"] or "model-written", r["attempts"]] for r in below]), ""]
+    unverified = [r for r in results if r["status"] == "done" and not r["verified"]]
+    if unverified:
+        lines += ["## Runs without a verified kernel", "", markdown_table(
+            ["problem", "strategy", "attempts", "last failed attempt"],
+            [[r["problem"], r["strategy"], r["attempts"], (r["last_failure"] or "")[:300]] for r in unverified]), ""]
     not_ok = [r for r in results if r["status"] in ("skipped", "failed")]
     if not_ok:
         lines += ["## Skipped and failed", "", markdown_table(
