@@ -298,6 +298,7 @@ def outcome_figure(results: list[dict]):
                 ax.text(left + count / 2, row, str(count), ha="center", va="center", color="white", fontsize="small")
             left += count
     ax.set_yticks(range(len(strategies)), strategies)
+    ax.invert_yaxis()   # the first strategy on top
     ax.set_ylabel("strategy")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("problems")
@@ -341,11 +342,12 @@ def strategy_figure(results: list[dict], timed: bool):
     budget = max([r["attempts"] for r in results] + [1])
     fig = Figure(figsize=(11, 4.5), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=[3, 2])
-    for strategy in strategies:
+    for i, strategy in enumerate(strategies):   # line styles and markers differ, so equal curves stay visible
         own = [r for r in results if r["strategy"] == strategy]
         curve = best_so_far(own, budget, timed)
         if curve:
-            left.plot(range(1, len(curve) + 1), curve, marker="o", markersize=3, label=strategy)
+            left.plot(range(1, len(curve) + 1), curve, marker="osD^"[i % 4], markersize=7 - 1.5 * (i % 4),
+                      linestyle=("-", "--", ":", "-.")[i % 4], label=strategy)
     left.set_xlabel("attempt")
     left.xaxis.set_major_locator(MaxNLocator(integer=True))
     if timed:
