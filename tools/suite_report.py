@@ -4,7 +4,7 @@
     >>> summary = summarize(results)               # correctness, fast_p, geomeans, SOL fractions, attempts, time, cost
     >>> write_suite_report(store, rows, "out/")    # report.md, problems.csv, report.json, speedups.png, ...
 
-Definitions (KernelBench's): a problem counts as correct when its run has a verified best kernel (runs.best_attempt_id;
+Definitions (KernelBench's): a problem counts as correct when its run has a verified best kernel (Store.best_attempt;
 every verdict comes from the trusted evaluator); its speedups are that kernel's logged ones (eager time / kernel
 time, and torch.compile time / kernel time, measured interleaved with the kernel). fast_p is the fraction of the
 finished problems whose kernel is correct AND more than p times faster (fast_0 is the correctness rate). Finished
@@ -54,7 +54,7 @@ def collect(store, rows: list[dict]) -> list[dict]:
                   "attempts_to_98": None, "cost_usd": 0.0, "tokens": 0, "gpu": None, "versions": None,
                   "last_failure": None, "curve": []}
         run_id = row.get("run_id")
-        runs = list(store.db.query("SELECT gpu_name, driver, cuda, versions, best_attempt_id FROM runs WHERE id = ?",
+        runs = list(store.db.query("SELECT gpu_name, driver, cuda, versions FROM runs WHERE id = ?",
                                    [run_id])) if run_id else []
         if runs:
             run = runs[0]
@@ -75,7 +75,8 @@ def collect(store, rows: list[dict]) -> list[dict]:
                           last_failure=next((f"#{a['number']} {a['verdict']}" + (f": {a['reason']}" if a["reason"]
                                                                                    else "")
                                              for a in reversed(attempts) if a["verdict"] != "correct"), None))
-            best = next((a for a in attempts if a["id"] == run["best_attempt_id"]), None)
+            best_row = store.best_attempt(run_id)   # the store's one definition of a run's best
+            best = next((a for a in attempts if best_row is not None and a["id"] == best_row["id"]), None)
             if best is not None:
                 timed = best["median"] is not None
                 result.update(verified=True, timed=timed, language=best["language"], template=_template(best["head"]),
