@@ -3,7 +3,7 @@ one run database, resumable; the report is tools/suite_report.py.
 
     >>> problems = discover(["kernelbench/KernelBench"], levels=[1])          # level1/*.py, in KernelBench order
     >>> plan = SuitePlan(problems, policy="offline", strategies=["refine"], max_attempts=4)
-    >>> outcome = run_suite(open_db("runs/kloop.db"), plan, on_event=print)   # {problem: row} of this plan
+    >>> rows = run_suite(open_db("runs/kloop.db"), plan, on_event=print)      # one suite_problems row per item
 
 Bookkeeping lives in two tables of the run database, beside runs/attempts/messages (plain SQL, like them):
 - `suite_problems`: one row per (problem, source sha256, settings key): its status (running, done, skipped,
@@ -40,10 +40,7 @@ from tools.store import Store, now
 
 PROBLEMS_TABLE = "suite_problems"
 STARTERS_TABLE = "suite_starters"
-STATUSES = ("running", "done", "skipped", "failed", "stopped")
 DEFAULT_MAX_ATTEMPTS = 8
-# Settings that make two runs of a problem comparable: a suite problem with the same values is not run again.
-KEY_SETTINGS = ("policy", "model", "base_url", "language", "max_attempts", "hours", "branches", "strategy")
 
 
 class SuiteError(Exception):
@@ -95,8 +92,9 @@ class SuitePlan:
 
     def run_settings(self, problem: Problem, strategy: str) -> dict:
         """The run settings of one problem under one strategy (agent.run.settings_for, as every entry point). A
-        fixed budget: no early stop on patience; the strategy seed comes from the problem, so strategies compared
-        on a problem, and a re-made run, draw alike."""
+        fixed budget: no early stop on patience (a run still stops once its best reaches target_sol of speed of
+        light); the strategy seed comes from the problem, so strategies compared on a problem, and a re-made run,
+        draw alike."""
         attempts = self.max_attempts if self.max_attempts is not None else sys.maxsize
         seed = int(hashlib.sha256(problem.key.encode()).hexdigest()[:8], 16)
         return runs.settings_for(
@@ -105,7 +103,8 @@ class SuitePlan:
             **runs.strategy_settings(strategy, seed), started_by="kloop suite", suite_problem=problem.key)
 
     def settings_key(self, strategy: str) -> str:
-        """The hash of the settings that make runs comparable (KEY_SETTINGS)."""
+        """The hash of the settings that make two runs of a problem comparable: a problem finished with the same
+        key (and source) is not run again."""
         values = {"policy": self.policy, "model": self.model, "base_url": self.base_url, "language": self.language,
                   "max_attempts": self.max_attempts, "hours": self.minutes / 60 if self.minutes else None,
                   "branches": 1, "strategy": strategy}
