@@ -670,6 +670,9 @@ def generate_here(target_spec: str, small: bool) -> Generated:
     except NoStarter:
         raise
     except Exception as e:  # Inductor's own failures, one line
+        if "NoValidChoicesError" in str(e):  # e.g. 1-D and transposed convolutions: a library call or nothing
+            raise NoStarter("Inductor has no Triton template for an op of this reference (max-autotune with only "
+                            "the TRITON backend found no valid choice), so there is no standalone starter") from None
         message = " ".join(str(e).split())[:300]
         raise NoStarter(f"torch.compile could not generate code for the reference: {type(e).__name__}: {message}") \
             from None
