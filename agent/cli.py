@@ -16,6 +16,7 @@ except ImportError:  # pragma: no cover
 
 from agent import cmd_bench, cmd_data, cmd_eval, cmd_loop, cmd_memory
 from agent import cmd_serve
+from agent import cmd_suite
 
 
 class OneLineErrors(TyperGroup):
@@ -69,6 +70,7 @@ app.command("export")(cmd_data.export_command)
 app.command("replay")(cmd_data.reverify_command)  # re-verify logged attempts
 app.command("report")(cmd_data.report_command)
 app.command("bench")(cmd_bench.bench_command)
+app.command("suite")(cmd_suite.suite_command)
 app.command("serve")(cmd_serve.serve_command)
 app.add_typer(cmd_memory.app, name="memory")
 

@@ -53,7 +53,7 @@ def template_names(target, settings: dict) -> list[str]:
     if getattr(target, "builtin", False):
         from agent.kernels import catalog
         return [s.name for s in catalog.starters_for(target.name)]
-    return []
+    return [f"inductor/{target.name}"]   # agent.policies.offline.inductor_template
 
 
 def prepare(settings: dict, target, policy: str, gpu: dict | None) -> dict:

@@ -164,7 +164,7 @@ def make_policy(name: str, settings: dict, target, store: Store):
 
     if name == "offline":
         kwargs = {"target": target, "seed_kernel": settings.get("seed_kernel"), "store": store,
-                  "remembered": settings.get("memory_seeds")}
+                  "remembered": settings.get("memory_seeds"), "inductor_starter": settings.get("inductor_starter")}
     elif name == "replay":
         kwargs = {"store": store, "source_run_id": settings["from_run"]}
     else:
@@ -312,7 +312,8 @@ def start(store: Store, policy: str, settings: dict, target=None, **columns: Any
     check_settings(policy, settings)
     target = target if target is not None else load_target(settings["target"])
     policy_obj = make_policy(policy, settings, target, store)
-    settings = {**settings, "model": policy_obj.model or None}  # pinned: a resumed run keeps its model
+    # pinned: a resumed run keeps its model, and the offline policy's generated starter (policy.pinned)
+    settings = {**settings, "model": policy_obj.model or None, **getattr(policy_obj, "pinned", {})}
     from_run = settings.get("from_run")
     run_id = store.create_run(target_name=target.name, target_source=target.source, target_sha256=target.sha256,
                               policy=policy, model=policy_obj.model, settings=settings,
@@ -367,7 +368,8 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=N
     """Run the loop to a stop rule and return the run's best verified attempt (a row of the attempts table), or
     None. Events: the graph's (stage, attempt, api_error, stop) and {"kind": "warning", "message"}. Ctrl-C marks the
     run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed.
-    session: an evaluator to run in (`evaluator_session`; kept warm across runs by its maker), else one of its own."""
+    session: an evaluator to run in (`evaluator_session`; kept warm across runs by its maker, as a suite does),
+    else one of its own."""
     from agent.policy import PolicyError
     from tools.store import StoreError
     from tools.target import TargetError

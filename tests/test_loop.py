@@ -359,10 +359,11 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, monkeypatch):
     failing = cli("optimize", broken, "--policy", "offline", "--db", db)
     assert failing.exit_code == 2 and "the reference fails" in failing.stderr and not db.exists()
 
-    fine = tmp_path / "fine.py"
-    fine.write_text(broken.read_text().replace("x @ x", "x + x"))
-    no_seed = cli("optimize", fine, "--policy", "offline", "--db", db)
-    assert no_seed.exit_code == 2 and "--seed-kernel FILE" in no_seed.stderr
+    identity = tmp_path / "identity.py"   # Inductor makes no kernel of it: the offline policy has no starter
+    identity.write_text(broken.read_text().replace("x @ x", "x"))
+    no_starter = cli("optimize", identity, "--policy", "offline", "--db", db)
+    assert no_starter.exit_code == 2 and "no offline starter for identity" in no_starter.stderr
+    assert "--seed-kernel FILE" in no_starter.stderr and len(no_starter.stderr.strip().splitlines()) == 1
 
     store = open_db(db)
     assert store.list_runs() == []  # nothing half-made by the refusals above

@@ -150,12 +150,9 @@ def test_memory_bound_triton_kernel_gets_ptx_cache_hint_edits():
     assert namespace["PTX_VARIANTS"][0]["divisible"] == [3] and namespace["PTX_VARIANTS"][1]["divisible"] == []
 
 
-def test_user_target_needs_a_seed_kernel(tmp_path):
-    target = tmp_path / "mine.py"
-    target.write_text("import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
-                      "def get_inputs():\n    return [torch.randn(4)]\ndef get_init_inputs():\n    return []\n")
-    with pytest.raises(PolicyError) as error:
-        make_policy("offline", target=load_target(str(target)))
+def test_no_target_and_no_seed_kernel_is_refused(tmp_path):
+    with pytest.raises(PolicyError) as error:   # a user target gets Inductor's starter: tests/test_inductor.py
+        make_policy("offline")
     assert str(error.value) == NO_STARTERS
     with pytest.raises(PolicyError, match="cannot read seed kernel"):
         make_policy("offline", seed_kernel=tmp_path / "missing.py")

@@ -1,7 +1,11 @@
 """The offline policy: no model, no network. Starts from known-good kernels, then searches around the best one.
 
+Starters: the catalog's for a built-in target, else a --seed-kernel, else the Triton torch.compile (Inductor)
+generates for the target's reference, made standalone (agent/kernels/inductor.py; generated once per run in a child
+process and pinned in the run's settings as `inductor_starter`, so a resumed run searches the same starter).
+
 Order of moves, all deterministic given the run: (0) tunables remembered from a similar target (tools/memory.py);
-(1) every catalog starter for the target (branch b starts at the b-th); (2) around the search strategy's parent
+(1) every starter for the target (branch b starts at the b-th); (2) around the search strategy's parent
 (agent/strategies; under refine that is the best attempt so far), then the best, then the next best, then any
 earlier attempt (other strategies: then the run's other verified attempts): one tunable one step up or
 down its list, the step chosen from the reflect node's diagnosis, then two steps; PTX edits of a Triton attempt's PTX
@@ -26,7 +30,7 @@ from tools.rules import detect_language
 from tools.store import Store, fastest_key, source_hash
 
 MARK = "# kloop-offline: "
-NO_STARTERS = ("the offline policy only knows built-in targets; give --seed-kernel FILE or use an LLM policy "
+NO_STARTERS = ("the offline policy needs a target or a seed kernel; give --seed-kernel FILE or use an LLM policy "
                "(--policy anthropic|openai)")
 
 
@@ -39,7 +43,8 @@ class Template:
     defaults: dict[str, Any]
     notes: str
     starter: Any = None          # the catalog Starter, rendered by the catalog
-    seed_source: str = ""        # a seed kernel, rendered by replacing its constants' values
+    seed_source: str = ""        # a seed kernel or Inductor's starter, rendered by replacing its constants' values
+    ptx_twin: bool = True        # its compiled PTX can become a PTX candidate (the catalog's launch convention)
 
     def render(self, values: dict) -> str:
         if self.starter is not None:
@@ -62,14 +67,22 @@ class OfflinePolicy:
     model = ""
 
     def __init__(self, target=None, seed_kernel: str | Path | None = None, store: Store | None = None,
-                 remembered: list[dict] | None = None):
+                 remembered: list[dict] | None = None, inductor_starter: dict | None = None):
         """target: a tools.target.Target; store (optional) lets parallel branches see each other's sources;
-        remembered: tuning memory (tools.memory.Memory.seeds): {template, values, ...} tried before the starters."""
-        if seed_kernel is not None:
+        remembered: tuning memory (tools.memory.Memory.seeds): {template, values, ...} tried before the starters;
+        inductor_starter: an Inductor starter generated before (agent.kernels.inductor.Generated.to_dict()), used
+        instead of generating one. `pinned`: the settings to store with the run so a resume searches the same."""
+        self.pinned: dict = {}
+        if seed_kernel is None and target is not None and not (target.builtin and _catalog_starters(target)):
+            template, generated = inductor_template(target, inductor_starter)
+            self.templates = [template]
+            self.pinned = {"inductor_starter": generated}
+        elif seed_kernel is not None:
             self.templates = [seed_template(Path(seed_kernel))]
         elif target is not None and target.builtin:
             from agent.kernels import catalog
-            self.templates = [Template(s.name, s.language, s.tunables, catalog.default_values(s), s.notes, starter=s)
+            self.templates = [Template(s.name, s.language, s.tunables, catalog.default_values(s), s.notes, starter=s,
+                                       ptx_twin=s.ptx_twin)
                               for s in catalog.starters_for(target.name)]
         else:
             self.templates = []
@@ -157,8 +170,9 @@ class OfflinePolicy:
         its cache-hint variants. Only for a correct catalog Triton attempt that a GPU run compiled to PTX."""
         marker = read_marker(anchor.source)
         if (anchor.language != "triton" or anchor.verdict != "correct" or not marker or "ptx_edit" in marker
-                or marker.get("template") not in self.by_name or self.target is None
-                or len(anchor.result.ptx) != 1 or not getattr(self.by_name[marker["template"]].starter, "ptx_twin", True)):
+                or marker.get("template") not in self.by_name or not self.by_name[marker["template"]].ptx_twin
+                or self.target is None
+                or len(anchor.result.ptx) != 1):
             return
         from agent.kernels import ptx_edits
         compiled = self.ptx_compilations(anchor.source)
@@ -298,6 +312,35 @@ def read_marker(source: str) -> dict | None:
 
 def format_values(values: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items()) or "no tunables"
+
+
+# -- starters for any target ----------------------------------------------------------------------------------
+def _catalog_starters(target) -> list:
+    from agent.kernels import catalog
+    return catalog.starters_for(target.name)
+
+
+def no_starter_message(target_name: str, reason: str) -> str:
+    return (f"no offline starter for {target_name}: {reason}; give --seed-kernel FILE or use an LLM policy "
+            "(--policy anthropic|openai)")
+
+
+def inductor_template(target, starter: dict | None = None) -> tuple[Template, dict]:
+    """The Inductor starter of a target as a template (its K<i>_* constants are the tunables), and the starter as
+    stored in the run's settings. Generated in a child process unless `starter` is given; PolicyError with the
+    generator's one-line reason where there is none."""
+    from agent.kernels import inductor
+
+    if starter is None:
+        try:
+            generated = inductor.generate(target.name if target.builtin else str(target.path))
+        except inductor.NoStarter as e:
+            raise PolicyError(no_starter_message(target.name, str(e))) from None
+    else:
+        generated = inductor.Generated.from_dict(starter)
+    template = Template(f"inductor/{target.name}", "triton", generated.tunables, generated.defaults, generated.notes,
+                        seed_source=generated.source, ptx_twin=False)
+    return template, generated.to_dict()
 
 
 # -- seed kernels ------------------------------------------------------------------------------------------------

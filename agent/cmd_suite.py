@@ -1,0 +1,191 @@
+"""`kloop suite`: the loop on every problem of a KernelBench-style problem set, then the report.
+
+A command-line adapter: options become an agent.suite.SuitePlan, agent.suite runs it (through agent.run), its events
+are rendered here, tools.suite_report writes the report; SuiteError / RunError become one line and exit 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from agent.output import fail, make_console
+from agent.progress import ProgressView
+from tools.store import DEFAULT_DB
+
+console = make_console()
+DEFAULT_OUT = Path("runs/suite-report")
+
+
+def suite_command(
+    paths: List[Path] = typer.Argument(..., help="A KernelBench checkout (its level1, level2, ... folders), folders of KernelBench-style files, or single files."),
+    levels: Optional[str] = typer.Option(None, help="Comma-separated levels to run, e.g. 1,2 (default: every level found)."),
+    problems: Optional[str] = typer.Option(None, help="Only problems whose file name or key matches one of these comma-separated globs, e.g. '1_*,2*_*' or '*Softmax*'."),
+    policy: Optional[str] = typer.Option(None, help="offline, anthropic or openai (default: anthropic when ANTHROPIC_API_KEY is set, else offline)."),
+    strategy: str = typer.Option("refine", help="Search strategy, or several comma-separated to compare at an equal budget: refine, best-of-n, metr, evolve."),
+    minutes_per_problem: Optional[float] = typer.Option(None, help="Active time budget of each problem's run, in minutes."),
+    max_attempts: Optional[int] = typer.Option(None, min=1, help="Attempts per problem (default 8 unless --minutes-per-problem is given)."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database: every problem's run, and the suite's own bookkeeping (created if missing)."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Folder for the report (report.md, problems.csv, report.json, PNGs)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report's JSON on stdout (progress goes to stderr)."),
+    language: str = typer.Option("auto", help="triton, ptx or auto."),
+    model: Optional[str] = typer.Option(None, help="Model id for the anthropic/openai policies."),
+    base_url: Optional[str] = typer.Option(None, help="API base URL for the anthropic/openai policies."),
+    jobs: Optional[int] = typer.Option(None, min=1, help="Offline policy: starters generated in parallel before the first run (default: half the CPU cores, at most 8)."),
+    report_only: bool = typer.Option(False, "--report-only", help="Write the report from the database; run nothing."),
+    gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU (default: this process's GPU)."),
+    ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU (pip install -e '.[ray]')."),
+    planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
+    pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight per problem (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
+) -> None:
+    """Run the loop on every problem of a KernelBench-style set (one run per problem and strategy, one database,
+    resumable), then report correctness, fast_p, geomean speedups, speed-of-light fractions and effort."""
+    import os
+
+    from agent import run as runs
+    from agent import suite
+    from tools.store import StoreError, open_db
+
+    policy = policy or runs.default_policy()
+    try:
+        level_list = _levels(levels)
+        found = suite.discover(paths, level_list, problems)
+        plan = suite.SuitePlan(found, policy=policy, strategies=[s.strip() for s in strategy.split(",") if s.strip()],
+                               max_attempts=max_attempts, minutes=minutes_per_problem, language=language, model=model,
+                               base_url=base_url, jobs=jobs or max(1, min(8, (os.cpu_count() or 2) // 2)),
+                               evaluator={"gpus": gpus, "ray": ray, "planners": planners, "pipeline": pipeline})
+        if not report_only:
+            suite.check_plan(plan)
+    except (suite.SuiteError, runs.RunError) as e:
+        fail(str(e))
+    _check_out(out)
+    if report_only and not db.exists():
+        fail(f"no run database at {db}")
+    try:
+        store = open_db(db)
+        suite.ensure_tables(store)
+    except StoreError as e:
+        fail(str(e))
+    to_stdout = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    stopped = False
+    with to_stdout:
+        if not report_only:
+            strategies = ", ".join(plan.strategies)
+            console.print(f"suite of {len(found)} problem(s) x {len(plan.strategies)} strategy(ies) ({strategies}) "
+                          f"with the {policy} policy, {_budget(plan)} each, in {db}", highlight=False)
+            view = SuiteView(plan)
+            try:
+                with console.status("starting", spinner="dots") as status:
+                    view.status = status
+                    suite.run_suite(store, plan, view)
+            except KeyboardInterrupt:
+                stopped = True
+                console.print("suite stopped; the same command continues it (finished problems are skipped)",
+                              highlight=False)
+        paths_written = _report(store, plan, out)
+    if as_json:
+        print((out / "report.json").read_text().rstrip())
+    else:
+        for line in _summary_lines(out / "report.json"):
+            console.print(line, highlight=False)
+        console.print(f"report: {', '.join(str(p) for p in paths_written)}", highlight=False)
+    if stopped:
+        raise typer.Exit(130)
+
+
+class SuiteView:
+    """Renders the suite's events: starters as they are generated, a line per problem with the suite's progress,
+    the loop's attempt lines (agent.progress.ProgressView), and each problem's outcome."""
+
+    def __init__(self, plan):
+        self.attempts = ProgressView(plan.max_attempts or 0, console)
+        self.status = None
+
+    def __call__(self, event: dict) -> None:
+        kind = event["kind"]
+        line = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
+        if kind == "starter":
+            what = f"starter in {event['seconds']:.0f} s" if event["ok"] else f"no starter: {event['error']}"
+            line(f"starter {event['done']}/{event['total']} {event['problem']}: {what}")
+            if self.status is not None:
+                self.status.update(f"generating starters {event['done']}/{event['total']}")
+        elif kind == "problem":
+            fast = "untimed" if not event["timed"] else \
+                f"{event['fast_1_eager']} vs eager, {event['fast_1_compile']} vs torch.compile"
+            line(f"[{event['index'] + 1}/{event['total']}] {event['problem']} ({event['strategy']}) | done "
+                 f"{event['done']}, left {event['left']} | verified {event['verified']} | fast_1 {fast}")
+            if self.status is not None:
+                self.status.update(f"{event['problem']} ({event['strategy']})")
+                self.attempts.status = self.status
+        elif kind == "problem_done":
+            best = event["best"]
+            if event["status"] in ("skipped", "failed"):
+                outcome = f"{event['status']}: {event['reason']}"
+            elif best is None:
+                outcome = "no verified kernel"
+            elif best["timed"]:
+                outcome = (f"verified (attempt {best['number']}): {best['speedup_eager']:.2f}x eager, "
+                           f"{best['speedup_compile']:.2f}x torch.compile" if best["speedup_compile"] else
+                           f"verified (attempt {best['number']}): {best['speedup_eager']:.2f}x eager")
+            else:
+                outcome = f"verified (attempt {best['number']}; untimed: no GPU)"
+            line(f"  -> {event['problem']}: {outcome}")
+        else:
+            self.attempts(event)
+
+
+def _report(store, plan, out: Path) -> list[Path]:
+    from agent import suite
+    from tools.suite_report import SuiteReportError, write_suite_report
+
+    title = ", ".join(dict.fromkeys(p.key.split("/")[0] if p.level is not None else "problems"
+                                    for p in plan.problems))
+    context = {"title": f"{len(plan.problems)} problems ({title}), {plan.policy} policy",
+               "settings": {"policy": plan.policy, "model": plan.model, "strategies": ",".join(plan.strategies),
+                            "budget per problem": _budget(plan), "database": str(store.path)}}
+    try:
+        return write_suite_report(store, suite.rows_of(store, plan), out, context)
+    except SuiteReportError as e:
+        fail(str(e))
+
+
+def _summary_lines(report_json: Path) -> list[str]:
+    document = json.loads(report_json.read_text())
+    s = document["summary"]
+    lines = [f"{s['verified']}/{s['finished']} problems with a verified kernel"
+             + (f" ({s['problems'] - s['finished']} not finished)" if s["finished"] < s["problems"] else "")]
+    if s["timing_is_real"]:
+        counts = s["fast_p_counts"]
+        lines.append("fast_1 " + f"{counts['eager']['1']} vs eager, {counts['compile']['1']} vs torch.compile; "
+                     + "geomean (verified) " + ", ".join(
+                         f"{(s['geomean'][b]['verified_only'] or 0):.2f}x {b}" for b in ("eager", "compile")))
+    else:
+        lines.append("no CUDA GPU: nothing was timed (no speedups)")
+    return lines
+
+
+def _levels(text: str | None) -> list[int] | None:
+    from agent.suite import SuiteError
+
+    if text is None:
+        return None
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SuiteError(f"--levels takes comma-separated numbers such as 1,2, not {text!r}") from None
+    if not levels:
+        raise SuiteError("--levels names no level")
+    return levels
+
+
+def _budget(plan) -> str:
+    return f"{plan.minutes:g} min" if plan.minutes is not None else f"{plan.max_attempts} attempts"
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a folder")

@@ -1,0 +1,701 @@
+"""A starter kernel for any target: the Triton code torch.compile (Inductor) generates for its reference, made
+into one standalone candidate module.
+
+The reference runs through Dynamo with every tensor (parameters, buffers, inputs) a plain graph input and dynamic
+sizes (no duck sizing), so the generated kernels take their sizes as arguments and serve the hidden shape variants
+too (sizes that the module fixes at construction, such as LayerNorm's normalized_shape, stay constants: Dynamo
+specializes them). The candidate holds:
+- Inductor's `@triton.jit` kernels, verbatim except that `triton_helpers.f` calls become copies of those helper
+  functions (`_th_f`, themselves `@triton.jit`) and `tl_math` is `tl.math`; libdevice comes from
+  `triton.language.extra` (no import of Inductor's runtime);
+- per kernel, UPPERCASE tunables (`K0_XBLOCK`, `K0_R0_BLOCK`, `K0_NUM_WARPS`, `K0_NUM_STAGES`) for the offline
+  policy's search, their defaults the first configuration Inductor's own heuristics give that kernel, and a
+  launcher that computes the grid as Inductor's grid types do (Grid1D, Grid2D, Grid3D, Grid2DWithYZOverflow; a
+  template's FixedGrid comes from the wrapper, so a GEMM/conv template tunes warps and stages, not its tiles);
+- Inductor's wrapper (`call(args)`) translated: allocations become `torch.empty_strided` on the inputs' device,
+  `reinterpret_tensor` an `as_strided` view, each `kernel.run(...)` a launcher call; device guards and stream
+  look-ups are dropped;
+- the reference's own source (minus get_inputs/get_init_inputs and KLOOP_* settings), so that `ModelNew(Model)`
+  builds the same parameters; its `forward` passes them with the inputs to the translated wrapper.
+
+Matmuls and convolutions become Triton only through Inductor's templates: generation runs with max-autotune for
+GEMMs and convolutions restricted to the TRITON backend (on a GPU this benchmarks the template configurations, as
+torch.compile's max-autotune does). Where Inductor still calls a library (extern_kernels.mm/convolution, an aten
+fallback), splits the reference into several graphs or makes a kernel kind the translation does not launch, there is
+no standalone starter: `NoStarter` says which, in one line.
+
+On a CUDA machine this is Inductor's CUDA Triton codegen. Without a GPU, Inductor's Triton backend for CPU
+(`cpu_backend = "triton"`) generates the same kind of kernels, which kloop runs under TRITON_INTERPRET=1; only the
+source is generated (no Triton compile, so no CPU Triton driver is needed).
+
+The generation runs in a child process (`python -m agent.kernels.inductor TARGET [--small]`), so Dynamo's and
+Inductor's global state and a crash or hang there never touch the loop: `generate()` is the entry point.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 600
+HELPER_PREFIX = "_th_"
+MAX_Y_GRID = 65535                # CUDA's limit on grid y and z; Inductor folds larger y grids into z
+
+# Tunable values per kernel kind (Inductor's own default is added to its list where it is missing).
+POINTWISE_XBLOCK = [128, 256, 512, 1024, 2048, 4096]
+TILE_BLOCK = [8, 16, 32, 64, 128]
+PERSISTENT_XBLOCK = [1, 2, 4, 8, 16, 32, 64]
+LOOPED_XBLOCK = [1, 2, 4, 8, 16, 32, 64]
+LOOPED_R0_BLOCK = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+NUM_WARPS = [1, 2, 4, 8, 16]
+NUM_STAGES = [1, 2, 3, 4, 5]
+MAX_TILE_ELEMENTS = 8192   # a persistent reduction keeps XBLOCK * R0_BLOCK values live: XBLOCK shrinks to fit
+# Under the CPU interpreter every program, and every loop step, is Python over numpy blocks, and a reduction with a
+# combine function (Inductor's NaN-propagating max) calls it per element: Inductor's defaults for tiny sizes
+# (XBLOCK 2, R0_BLOCK 16) take minutes there, and so do tiles padded far past the data. So under the interpreter
+# (nothing is timed) one tile spans a whole row where it can, no wider than the sizes Inductor generated for, and
+# Inductor's max2/min2 helpers become tl.max/tl.min (numpy's max and min propagate NaN there, as the helpers do).
+INTERPRETER_TILE = 8192
+
+
+class NoStarter(Exception):
+    """No standalone starter for this target; the message is one line that says why."""
+
+
+@dataclass
+class Generated:
+    """A standalone starter: its source with tunables at the top, their value lists and defaults."""
+    source: str
+    tunables: dict[str, list]
+    defaults: dict
+    notes: str
+    kernels: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Generated":
+        return cls(d["source"], d["tunables"], d["defaults"], d["notes"], list(d.get("kernels") or []))
+
+
+# -- the parent side ----------------------------------------------------------------------------------------------
+_RUNNING: set = set()   # generating children, so that a stopped suite can end them (stop_generating)
+
+
+def stop_generating() -> None:
+    """Kill every generation in flight in this process (their callers get NoStarter)."""
+    for child in list(_RUNNING):
+        child.kill()
+
+
+def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIMEOUT_S) -> Generated:
+    """The standalone Inductor starter for a target (a built-in name or a KernelBench-style file), generated in a
+    child process. small: generate at the target's CPU size (default: when there is no CUDA GPU). NoStarter, with a
+    one-line reason, when there is none."""
+    if small is None:
+        from tools.inputs import DEVICE
+        small = DEVICE.type != "cuda"
+    env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1" if small else "0")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # Inductor compiles template candidates with a pool of one worker per core; a suite runs several generations
+    # side by side, each with a small pool
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "2")
+    command = [sys.executable, "-m", "agent.kernels.inductor", str(target_spec)] + (["--small"] if small else [])
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          cwd=str(ROOT)) as child:
+        _RUNNING.add(child)
+        try:
+            stdout, stderr = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise NoStarter(f"torch.compile did not finish generating Triton within {timeout_s:.0f} s") from None
+        finally:
+            _RUNNING.discard(child)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = " ".join((stderr or "").strip().splitlines()[-1:])[:300]
+        raise NoStarter(f"generating Inductor's Triton failed (exit {child.returncode}): {tail or 'no output'}")
+    reply = json.loads(lines[-1])
+    if "error" in reply:
+        raise NoStarter(reply["error"])
+    return Generated.from_dict(reply)
+
+
+# -- the child side -----------------------------------------------------------------------------------------------
+def _configure(cuda: bool) -> None:
+    """Inductor settings for generation: no caches or freezing (parameters stay graph inputs); GEMMs and
+    convolutions as Triton templates (max-autotune, TRITON backend) rather than cuBLAS/cuDNN calls; on the CPU,
+    Inductor's Triton backend, and its first template configuration rather than benchmarking them all (each would
+    run under the interpreter: minutes for one convolution)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = False
+    inductor_config.freezing = False
+    inductor_config.max_autotune = True
+    inductor_config.max_autotune_gemm = True
+    inductor_config.max_autotune_gemm_backends = "TRITON"
+    inductor_config.max_autotune_conv_backends = "TRITON"
+    inductor_config.cpu_backend = "triton"
+    if not cuda and hasattr(inductor_config, "deterministic"):
+        inductor_config.deterministic = True
+
+
+def capture(model, inputs: list) -> tuple[str, list[str]]:
+    """Inductor's wrapper module source for `model(*inputs)`, and the Dynamo source of each graph input
+    (`L['args'][i]`, `L['args'][i].size()[d]`): the translated wrapper's `args`, in order."""
+    from unittest import mock
+
+    import torch
+    import torch._dynamo
+    import torch.fx.experimental._config as fx_config
+    import torch.utils._triton as torch_triton
+    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.graph import GraphLowering
+
+    _configure(any(getattr(t, "is_cuda", False) for t in inputs) or torch.cuda.is_available())
+    names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+    weights = [p.detach() for p in model.parameters()] + [b.detach() for b in model.buffers()]
+    codes: list[str] = []
+    graphs: list[list[str]] = []
+
+    def codegen_only(self):  # the wrapper's source; the graph itself is not compiled (no Triton driver needed)
+        wrapper, _kernels = self.codegen_with_cpp_wrapper() if self.cpp_wrapper else self.codegen()
+        codes.append(wrapper.value)
+
+        class NotRunnable:
+            def call(self, args):
+                raise RuntimeError("generated for its source only")
+        return NotRunnable()
+
+    def backend(gm, example_inputs):
+        sources = []
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                arg = node.meta.get("grapharg")
+                sources.append(arg.source.name if arg is not None else "?")
+        graphs.append(sources)
+        with mock.patch.object(torch_triton, "triton_hash_with_backend", lambda: "0" * 64), \
+                mock.patch.object(GraphLowering, "compile_to_module", codegen_only):
+            compile_fx(gm, example_inputs)
+        return gm.forward
+
+    def flat(*args):
+        return torch.func.functional_call(model, dict(zip(names, args[:len(names)])), tuple(args[len(names):]))
+
+    torch._dynamo.reset()
+    torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
+    with torch.no_grad(), fx_config.patch(use_duck_shape=False):
+        torch.compile(flat, backend=backend, dynamic=True, fullgraph=False)(*weights, *inputs)
+    if len(graphs) != 1 or len(codes) != 1:
+        raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
+                        "starter needs one")
+    return codes[0], graphs[0]
+
+
+@dataclass
+class Kernel:
+    name: str
+    source: str            # from @triton.jit on
+    kind: str              # pointwise, persistent_reduction, reduction, template
+    grid: str              # Grid1D, Grid2D, Grid3D, Grid2DWithYZOverflow, FixedGrid
+    params: list[str]      # runtime parameters, in order
+    constexprs: list[str]  # constexpr parameters (XBLOCK, R0_BLOCK, ...)
+    configs: list[dict] = field(default_factory=list)   # Inductor's configurations: {kwargs, num_warps, num_stages}
+    size_hints: dict = field(default_factory=dict)      # the sizes it generated for, rounded up: {x, y, r0_}
+
+
+_KERNEL_KINDS = ("pointwise", "persistent_reduction", "reduction", "template", "split_scan", "foreach",
+                 "cooperative_reduction", "user_autotune")
+_GRIDS = ("Grid1D", "Grid2D", "Grid3D", "Grid2DWithYZOverflow")
+
+
+def parse_kernel(name: str, text: str) -> Kernel:
+    """One `async_compile.triton(...)` source: its kernel function and how Inductor launches it."""
+    kind = next((k for k in _KERNEL_KINDS if f"@triton_heuristics.{k}(" in text), None)
+    if kind not in ("pointwise", "persistent_reduction", "reduction", "template"):
+        raise NoStarter(f"Inductor made a {kind or 'unknown'} kernel ({name}), which the generator does not launch "
+                        "(pointwise, reduction and template kernels only)")
+    grid = re.search(r"'grid_type':\s*'(\w+)'", text)
+    grid_type = grid.group(1) if grid else "Grid1D"
+    if kind == "template" and grid_type != "FixedGrid":
+        raise NoStarter(f"template kernel {name} uses Inductor's {grid_type} launch grid; the generator handles the "
+                        "FixedGrid that the wrapper computes")
+    if kind != "template" and grid_type not in _GRIDS:
+        raise NoStarter(f"kernel {name} uses Inductor's {grid_type} launch grid, which the generator does not handle")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        raise NoStarter(f"kernel {name}: Inductor's source does not parse") from None
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    fn = next((f for f in functions if f.name == name), None)
+    if fn is None:
+        raise NoStarter(f"kernel {name}: no function named {name} in Inductor's output")
+    # Functions Inductor defines beside the kernel (scan combine functions): kept, renamed per kernel
+    extra = [f.name for f in functions if f is not fn]
+    parts = ["@triton.jit\n" + ast.get_source_segment(text, f) for f in functions if f is not fn]
+    parts.append("@triton.jit\n" + ast.get_source_segment(text, fn))
+    source = "\n\n\n".join(parts) + "\n"
+    for helper in extra:
+        source = re.sub(rf"\b{re.escape(helper)}\b", f"{helper}__{name}", source)
+    params, constexprs = [], []
+    for a in fn.args.args:
+        is_constexpr = a.annotation is not None and "constexpr" in ast.unparse(a.annotation)
+        (constexprs if is_constexpr else params).append(a.arg)
+    unknown = [c for c in constexprs if c not in ("XBLOCK", "YBLOCK", "ZBLOCK", "R0_BLOCK")]
+    if unknown:
+        raise NoStarter(f"kernel {name} takes constexpr {', '.join(unknown)}, which the generator cannot choose")
+    configs, size_hints = inductor_configs(text)
+    return Kernel(name, source, kind, "FixedGrid" if kind == "template" else grid_type, params, constexprs,
+                  configs, size_hints)
+
+
+def inductor_configs(text: str) -> tuple[list[dict], dict]:
+    """The configurations Inductor's heuristics give a kernel (its decorator, run with `cached_autotune` captured
+    instead of compiling anything): [{kwargs, num_warps, num_stages}] in Inductor's order, and the size hints they
+    were made for ({x: 1024, r0_: 2048}); ([], {}) where they cannot be had (this module's defaults then apply)."""
+    from unittest import mock
+
+    from torch._inductor.runtime import triton_helpers, triton_heuristics
+
+    captured: list = []
+    hints: dict = {}
+
+    def capture_configs(size_hints, configs, *args, **kwargs):
+        captured.extend(configs)
+        hints.update(size_hints if isinstance(size_hints, dict) else {})
+        return lambda fn: fn
+
+    try:  # the module's driver selection is for running kernels, which this does not
+        with mock.patch.object(triton_heuristics, "cached_autotune", capture_configs), \
+                mock.patch.object(triton_helpers, "set_driver_to_gpu", lambda: None), \
+                mock.patch.object(triton_helpers, "set_driver_to_cpu", lambda: None):
+            exec(compile(text, "<inductor kernel>", "exec"), {"__file__": "<inductor kernel>"})
+    except Exception:  # an Inductor version whose heuristics need more than the decorator: fixed defaults instead
+        return [], {}
+    return [{"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in captured], \
+        {k: v for k, v in hints.items() if isinstance(v, int)}
+
+
+def interpreter_blocks(k: Kernel) -> dict:
+    """Block sizes for the CPU interpreter (INTERPRETER_TILE): a reduction's whole row in one tile (up to 4096),
+    as many rows as fit; a pointwise tile as large as the data, up to 4096 (64 x 64 for 2-D tiles)."""
+    x, y, r = (k.size_hints.get(axis, 1024) for axis in ("x", "y", "r0_"))
+    if k.kind == "pointwise":
+        return {"XBLOCK": min(x, 4096)} if k.constexprs == ["XBLOCK"] else {"XBLOCK": min(x, 64), "YBLOCK": min(y, 64)}
+    if k.kind == "persistent_reduction":
+        return {"XBLOCK": max(1, min(x, INTERPRETER_TILE // r))}
+    if k.kind == "reduction":
+        r0_block = min(r, 4096)
+        return {"R0_BLOCK": r0_block, "XBLOCK": max(1, min(x, INTERPRETER_TILE // r0_block))}
+    return {}
+
+
+def helper_sources(names: set[str]) -> dict[str, str]:
+    """Inductor's triton_helpers functions that the kernels call, each renamed `_th_<name>`, with the helpers they
+    call in turn; refuses helpers that read Inductor's own module globals."""
+    import inspect
+
+    from torch._inductor.runtime import triton_helpers
+
+    available = {n for n, v in vars(triton_helpers).items() if hasattr(v, "fn") and callable(getattr(v, "fn"))}
+    pending, done = sorted(names), {}
+    while pending:
+        name = pending.pop()
+        if name in done:
+            continue
+        if name not in available:
+            raise NoStarter(f"the kernels call triton_helpers.{name}, which is not a Triton function to copy")
+        source = textwrap.dedent(inspect.getsource(getattr(triton_helpers, name).fn))
+        tree = ast.parse(source).body[0]
+        reads = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        local = {a.arg for a in tree.args.args} | {n.id for n in ast.walk(tree)
+                                                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        calls = (reads - local) & available
+        import builtins
+        foreign = {r for r in reads - local - available - {"tl", "math", "libdevice", "triton"}
+                   if not hasattr(builtins, r)}
+        if foreign:
+            raise NoStarter(f"triton_helpers.{name} reads {', '.join(sorted(foreign))} from Inductor's runtime")
+        pending.extend(calls - set(done))
+        done[name] = _rename_helpers(source, available)
+    return done
+
+
+def _rename_helpers(source: str, helpers: set[str]) -> str:
+    """Bare references to helpers become `_th_<name>`; `triton_helpers.<name>` too; `math.` / `tl_math.` become
+    `tl.math.`; the decorator becomes plain `@triton.jit`."""
+    source = re.sub(r"\btriton_helpers\.(\w+)", lambda m: HELPER_PREFIX + m.group(1), source)
+    source = re.sub(r"(?<![\w.])tl_math\.", "tl.math.", source)
+    source = re.sub(r"(?<![\w.])math\.", "tl.math.", source)
+    pattern = r"(?<![\w.])(" + "|".join(sorted(map(re.escape, helpers), key=len, reverse=True)) + r")\b(?!\s*=)"
+    if helpers:
+        source = re.sub(pattern, lambda m: HELPER_PREFIX + m.group(1), source)
+    return re.sub(r"^@triton\.jit\b.*$", "@triton.jit", source, count=1, flags=re.M)
+
+
+def _with_default(values: list, default) -> list:
+    return values if default in values else sorted(values + [default])
+
+
+def kernel_tunables(i: int, k: Kernel, interpreter: bool = False) -> tuple[dict[str, list], dict]:
+    """The tunables of kernel i (`K<i>_<NAME>`) with their values and defaults: Inductor's first configuration
+    where its heuristics gave one, else this module's; under the interpreter, block sizes that make few programs."""
+    p = f"K{i}_"
+    first = k.configs[0] if k.configs else {"kwargs": {}, "num_warps": None, "num_stages": None}
+    if interpreter:
+        first = {**first, "kwargs": {**first["kwargs"], **interpreter_blocks(k)}}
+    tunables, defaults = {}, {}
+
+    def add(name, values, fallback, inductor_value=None):
+        default = inductor_value if isinstance(inductor_value, int) and inductor_value > 0 else fallback
+        tunables[p + name], defaults[p + name] = _with_default(list(values), default), default
+
+    kwargs = first["kwargs"]
+    if k.kind == "template":
+        add("NUM_WARPS", NUM_WARPS, 4, first["num_warps"])
+        add("NUM_STAGES", NUM_STAGES, 2, first["num_stages"])
+        return tunables, defaults
+    if k.kind == "pointwise" and k.constexprs == ["XBLOCK"]:
+        add("XBLOCK", POINTWISE_XBLOCK, 1024, kwargs.get("XBLOCK"))
+    elif k.kind == "pointwise":
+        for c in k.constexprs:
+            add(c, TILE_BLOCK, 32 if c == "XBLOCK" else 16, kwargs.get(c))
+    elif k.kind == "persistent_reduction":
+        add("XBLOCK", PERSISTENT_XBLOCK, 8, kwargs.get("XBLOCK"))
+    else:
+        add("XBLOCK", LOOPED_XBLOCK, 1, kwargs.get("XBLOCK"))
+        add("R0_BLOCK", LOOPED_R0_BLOCK, 1024, kwargs.get("R0_BLOCK"))
+    add("NUM_WARPS", NUM_WARPS, 8 if k.kind != "pointwise" else 4, first["num_warps"])
+    if k.kind == "reduction":
+        add("NUM_STAGES", NUM_STAGES, 1, first["num_stages"])
+    return tunables, defaults
+
+
+def launcher(i: int, k: Kernel) -> str:
+    """`_launch_<i>(*runtime args)`: the grid from the numels and blocks (Inductor's grid type), then one launch."""
+    p = f"K{i}_"
+    stages = f", num_stages={p}NUM_STAGES" if k.kind in ("reduction", "template") else ""
+    if k.kind == "template":  # FixedGrid: the wrapper computed the grid for the template's own tile sizes
+        args = ", ".join(k.params)
+        return (f"def _launch_{i}({args}, _grid_0, _grid_1, _grid_2):\n"
+                f"    if _grid_0 == 0 or _grid_1 == 0 or _grid_2 == 0:\n        return\n"
+                f"    {k.name}[(_grid_0, _grid_1, _grid_2)]({args}, num_warps={p}NUM_WARPS{stages})\n")
+    args = ", ".join(k.params)
+    body = []
+    for c in k.constexprs:
+        if c == "R0_BLOCK" and k.kind == "persistent_reduction":
+            body.append("R0_BLOCK = _next_power_of_2(r0_numel)")
+        else:
+            body.append(f"{c} = {p}{c}")
+    if k.kind == "persistent_reduction" and "XBLOCK" in k.constexprs:
+        rows = "R0_BLOCK" if "R0_BLOCK" in k.constexprs else "_next_power_of_2(r0_numel)"
+        body.append(f"XBLOCK = max(1, min(XBLOCK, {MAX_TILE_ELEMENTS} // {rows}))")
+    programs = {}
+    for axis in "xyz":
+        numel, block = f"{axis}numel", f"{axis.upper()}BLOCK"
+        if numel not in k.params:
+            programs[axis] = "1"
+        else:
+            programs[axis] = f"(({numel}) + {block} - 1) // {block}" if block in k.constexprs else f"({numel})"
+    if k.grid == "Grid2DWithYZOverflow":  # as Inductor: y programs past 65535 fold into z; the kernel unfolds them
+        body.append(f"y_grid_raw = {programs['y']}")
+        body.append(f"y_grid_div = (y_grid_raw + {MAX_Y_GRID - 1}) // {MAX_Y_GRID}")
+        body.append(f"gx, gy, gz = {programs['x']}, 0 if y_grid_div == 0 else "
+                    "(y_grid_raw + y_grid_div - 1) // y_grid_div, y_grid_div")
+    else:
+        body.append(f"gx, gy, gz = {programs['x']}, {programs['y']}, {programs['z']}")
+    body.append("if gx == 0 or gy == 0 or gz == 0:\n        return")
+    keywords = ", ".join(f"{c}={c}" for c in k.constexprs)
+    body.append(f"{k.name}[(gx, gy, gz)]({args}, {keywords + ', ' if keywords else ''}num_warps={p}NUM_WARPS"
+                f"{stages})")
+    lines = "\n    ".join(body)
+    return f"def _launch_{i}({args}):\n    {lines}\n"
+
+
+# Wrapper statements with nothing to do in a candidate: argument clean-up, assertions on the inputs Inductor was
+# compiled for, the device and stream the caller already has.
+_DROPPED_CALLS = {"args.clear", "assert_size_stride", "assert_alignment", "torch.cuda.set_device",
+                  "torch.xpu.set_device", "torch.cuda.synchronize"}
+_STREAM_LOOKUPS = {"get_raw_stream", "torch.cuda.current_stream"}
+_DEVICE_GUARDS = ("torch.cuda._DeviceGuard", "torch.xpu._DeviceGuard", "torch.cuda.device")
+_ALLOCATORS = {"empty_strided_cuda", "empty_strided_cpu", "empty_strided_xpu", "empty_strided"}
+_TENSOR_METHODS = {"zero_", "fill_", "size", "stride", "storage_offset", "dim"}
+
+
+class _CallTranslator(ast.NodeTransformer):
+    """Inductor's `call` body as a candidate's: launches through `_launch_<i>`, allocations on `device`."""
+
+    def __init__(self, kernels: dict[str, int]):
+        self.kernels = kernels
+
+    def visit_With(self, node: ast.With):
+        if all(isinstance(item.context_expr, ast.Call) and ast.unparse(item.context_expr.func) in _DEVICE_GUARDS
+               for item in node.items):
+            body = []
+            for stmt in node.body:
+                kept = self.visit(stmt)
+                body += kept if isinstance(kept, list) else [] if kept is None else [kept]
+            return body
+        return self.generic_visit(node)
+
+    def visit_Expr(self, node: ast.Expr):
+        if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) in _DROPPED_CALLS:
+            return None
+        return self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign):
+        if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) in _STREAM_LOOKUPS:
+            return None
+        return self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        func = ast.unparse(node.func)
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "run" and isinstance(node.func.value, ast.Name):
+            name = node.func.value.id
+            if name not in self.kernels:
+                raise NoStarter(f"Inductor's wrapper launches {name}, which is not one of its Triton kernels")
+            extra = [kw.arg for kw in node.keywords if kw.arg != "stream"]
+            if extra:
+                raise NoStarter(f"Inductor launches {name} with {', '.join(map(str, extra))}, which the generator "
+                                "does not pass")
+            return ast.copy_location(ast.Call(ast.Name(f"_launch_{self.kernels[name]}", ast.Load()), node.args, []),
+                                     node)
+        if func in _ALLOCATORS:
+            device = [kw for kw in node.keywords if kw.arg == "device"]
+            keywords = [kw for kw in node.keywords if kw.arg != "device"]
+            if device or len(node.args) != 3 or keywords:
+                raise NoStarter(f"Inductor allocates with {ast.unparse(node)}, which the generator does not translate")
+            return ast.copy_location(ast.Call(ast.Name("_empty_strided", ast.Load()),
+                                              [ast.Name("device", ast.Load()), *node.args], []), node)
+        if func == "reinterpret_tensor":
+            node.func = ast.Name("_reinterpret_tensor", ast.Load())
+        return node
+
+
+def translate_call(wrapper: str, kernels: dict[str, int]) -> str:
+    """Inductor's `call(args)` as `_inductor_call(args, device)`: allocations, views, launches. NoStarter where
+    it calls anything else (a library: extern_kernels.mm; a PyTorch fallback: aten.*)."""
+    tree = ast.parse(wrapper)
+    call = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "call":
+            call = node
+    if call is None:
+        raise NoStarter("Inductor's wrapper has no call(args) function")
+    body = _CallTranslator(kernels).visit(ast.Module(body=call.body, type_ignores=[]))
+    function = ast.parse("def _inductor_call(args, device):\n    pass\n").body[0]
+    function.body = body.body or function.body
+    source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[]))) + "\n"
+    allowed = {"_empty_strided", "_reinterpret_tensor", "len", "max", "min", "abs", "int"} | \
+        {f"_launch_{i}" for i in kernels.values()}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = ast.unparse(node.func)
+            if isinstance(node.func, ast.Attribute) and node.func.attr in _TENSOR_METHODS:
+                continue
+            if func not in allowed:
+                raise NoStarter(f"Inductor's code for this reference makes {_what(func)} ({func}) instead of "
+                                "generating Triton, so there is no standalone starter")
+    return source
+
+
+def _what(func: str) -> str:
+    if "extern_kernels" in func:
+        return "a library call"
+    if func.startswith(("aten.", "torch.")):
+        return "a PyTorch fallback"
+    return "a call"
+
+
+_SOURCE = re.compile(r"^L\['args'\]\[(\d+)\](?:\.(size|stride)\(\)\[(\d+)\]|\.storage_offset\(\))?$")
+
+
+def argument_expressions(sources: list[str]) -> list[str]:
+    """Each graph input as an expression over `flat` (the weights, then the forward's inputs)."""
+    out = []
+    for s in sources:
+        m = _SOURCE.match(s)
+        if not m:
+            raise NoStarter(f"torch.compile made a graph input the generator cannot rebuild: {s}")
+        index, kind, dim = m.groups()
+        if kind == "size":
+            out.append(f"flat[{index}].shape[{dim}]")
+        elif kind == "stride":
+            out.append(f"flat[{index}].stride({dim})")
+        elif s.endswith(".storage_offset()"):
+            out.append(f"flat[{index}].storage_offset()")
+        else:
+            out.append(f"flat[{index}]")
+    return out
+
+
+def reference_part(source: str) -> str:
+    """The reference module without get_inputs/get_init_inputs and KLOOP_* settings (nothing a candidate needs,
+    and hidden variants are never shown)."""
+    tree = ast.parse(source)
+    lines = source.split("\n")
+    drop = []
+    for node in tree.body:
+        names = [t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)]
+        if (isinstance(node, ast.FunctionDef) and node.name in ("get_inputs", "get_init_inputs")) or \
+                any(n.startswith("KLOOP_") for n in names):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            drop.append((first, node.end_lineno))
+    for first, last in sorted(drop, reverse=True):
+        del lines[first - 1:last]
+    return "\n".join(lines).strip() + "\n"
+
+
+PRELUDE = '''import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+'''
+
+RUNTIME = '''
+def _next_power_of_2(n):
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _empty_strided(device, size, stride, dtype):
+    return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+def _reinterpret_tensor(t, size, stride, offset):
+    return t.as_strided(size, stride, t.storage_offset() + offset)
+'''
+
+
+def build_candidate(wrapper: str, sources: list[str], reference_source: str, single_output: bool,
+                    interpreter: bool = False) -> Generated:
+    """The standalone candidate module from Inductor's wrapper source and its graph inputs (interpreter: for the
+    CPU interpreter, see INTERPRETER_TILE)."""
+    tree = ast.parse(wrapper)
+    texts: dict[str, str] = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                and ast.unparse(node.value.func) == "async_compile.triton"):
+            name, text = (a.value for a in node.value.args[:2])
+            texts[name] = text
+    index = {name: i for i, name in enumerate(texts)}
+    call = translate_call(wrapper, index)  # first: a library call is the reason, also where no Triton was made
+    if not texts:
+        raise NoStarter("Inductor generated no Triton kernel for this reference (its code only allocates, views "
+                        "or returns its inputs)")
+    kernels = [parse_kernel(name, text) for name, text in texts.items()]
+    if interpreter:  # the interpreter calls a reduction's combine function per element: 90 s for a 16 x 1536 softmax
+        for k in kernels:
+            k.source = re.sub(r"\btriton_helpers\.(max|min)2\(", lambda m: f"tl.{m.group(1)}(", k.source)
+    used = set()
+    for k in kernels:
+        used |= set(re.findall(r"\btriton_helpers\.(\w+)", k.source))
+    helpers = helper_sources(used)
+    tunables, defaults = {}, {}
+    for i, k in enumerate(kernels):
+        t, d = kernel_tunables(i, k, interpreter)
+        tunables.update(t)
+        defaults.update(d)
+    arguments = argument_expressions(sources)
+    first_tensor = next((i for i, s in enumerate(sources) if _SOURCE.match(s).group(2) is None
+                         and not s.endswith(")")), None)
+    device = f"{arguments[first_tensor]}.device" if first_tensor is not None else "None"
+    parts = [PRELUDE]
+    parts.append("\n".join(f"{name} = {value!r}" for name, value in defaults.items()) + "\n")
+    parts += [f"\n@triton.jit\n{src.split(chr(10), 1)[1]}" for src in helpers.values()]
+    parts += ["\n" + _rename_helpers(k.source, set(helpers)) for k in kernels]
+    parts += ["\n" + launcher(i, k) for i, k in enumerate(kernels)]
+    parts.append(RUNTIME)
+    parts.append("\n" + call)
+    parts.append("\n# -- the reference's module (for Model's parameters) " + "-" * 60 + "\n")
+    parts.append(reference_part(reference_source))
+    result = "outs[0]" if single_output else "tuple(outs)"
+    parts.append(f'''
+
+class ModelNew(Model):
+    """The reference's parameters, computed by the Triton kernels Inductor generated for it."""
+
+    def forward(self, *inputs):
+        flat = list(self.parameters()) + list(self.buffers()) + list(inputs)
+        outs = _inductor_call([{", ".join(arguments)}], {device})
+        return {result}
+''')
+    source = "\n".join(p.rstrip("\n") + "\n" for p in parts)
+    names = ", ".join(k.name for k in kernels)
+    notes = (f"torch.compile (Inductor) Triton for the reference: {len(kernels)} kernel(s) ({names}), made "
+             "standalone; its block sizes, warps and stages are tunables")
+    return Generated(source, tunables, defaults, notes, [k.name for k in kernels])
+
+
+def generate_here(target_spec: str, small: bool) -> Generated:
+    """The child process's work: load the target, run the reference once through Inductor's codegen, build the
+    candidate, check it against the rules."""
+    import torch
+
+    from tools.inputs import DEVICE, make_inputs
+    from tools.rules import check_source
+    from tools.target import TargetError, load_target
+
+    try:
+        target = load_target(target_spec)
+        module = target.module_for(target.shapes(small)[0])
+    except TargetError as e:
+        raise NoStarter(str(e)) from None
+    try:
+        torch.manual_seed(0)
+        with torch.device(DEVICE):
+            model = module.Model(*module.get_init_inputs()).to(DEVICE)  # as the referee runs it: train mode
+        inputs = make_inputs(module, 0)
+        with torch.no_grad():
+            out = model(*inputs)
+    except Exception as e:
+        raise NoStarter(f"the reference fails: {type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
+    single = isinstance(out, torch.Tensor)
+    if not single and not (isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out)):
+        raise NoStarter(f"the reference returns a {type(out).__name__}, not tensors")
+    try:
+        wrapper, sources = capture(model, inputs)
+    except NoStarter:
+        raise
+    except Exception as e:  # Inductor's own failures, one line
+        if "NoValidChoicesError" in str(e):  # e.g. 1-D and transposed convolutions: a library call or nothing
+            raise NoStarter("Inductor has no Triton template for an op of this reference (max-autotune with only "
+                            "the TRITON backend found no valid choice), so there is no standalone starter") from None
+        message = " ".join(str(e).split())[:300]
+        raise NoStarter(f"torch.compile could not generate code for the reference: {type(e).__name__}: {message}") \
+            from None
+    generated = build_candidate(wrapper, sources, target.source, single, interpreter=DEVICE.type != "cuda")
+    try:
+        reasons = check_source(generated.source)
+    except SyntaxError as e:
+        raise NoStarter(f"the generated candidate does not parse: {e}") from None
+    if reasons:
+        raise NoStarter(f"the generated candidate breaks a rule: {reasons[0]}")
+    return generated
+
+
+def main(argv: list[str]) -> int:
+    spec = argv[0]
+    small = "--small" in argv[1:]
+    try:
+        reply = generate_here(spec, small).to_dict()
+    except NoStarter as e:
+        reply = {"error": str(e)}
+    sys.stdout.write("\n" + json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,453 @@
+"""Suites: the loop on every problem of a KernelBench-style problem set, one run per problem (per strategy), all in
+one run database, resumable; the report is tools/suite_report.py.
+
+    >>> problems = discover(["kernelbench/KernelBench"], levels=[1])          # level1/*.py, in KernelBench order
+    >>> plan = SuitePlan(problems, policy="offline", strategies=["refine"], max_attempts=4)
+    >>> rows = run_suite(open_db("runs/kloop.db"), plan, on_event=print)      # one suite_problems row per item
+
+Bookkeeping lives in two tables of the run database, beside runs/attempts/messages (plain SQL, like them):
+- `suite_problems`: one row per (problem, source sha256, settings key): its status (running, done, skipped,
+  failed, stopped), the reason where it was skipped or failed, its run, wall seconds. The settings key is a hash
+  of what makes two runs comparable (policy, model, base URL, language, budget, strategy), so a problem finished
+  with the same settings and the same source is skipped, and a changed budget or problem file runs anew;
+- `suite_starters`: the offline policy's Inductor starters (agent/kernels/inductor.py), or the reason there is
+  none, per problem source, device kind and torch version. They are generated before the first loop, in parallel
+  child processes (`jobs`), so no generation competes with a timed kernel, and a resumed suite reuses them.
+
+A problem's run is recorded as `running` before its loop starts, so after `kill -9` the next call resumes that run
+(agent.run.resume: at most the attempt in flight is lost); Ctrl-C marks it `stopped` (resumed the same way) and
+re-raises. A problem that cannot run (its reference fails, no starter, a file that is no KernelBench module) is
+`skipped` with its one-line reason; a run that fails (RunFailed) is `failed` and tried again by the next call.
+Neither stops the suite. Nothing here prints: progress goes to `on_event` as dicts (kinds: starter, problem,
+problem_done, and the loop's own events).
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from agent import run as runs
+from tools.store import Store, now
+
+PROBLEMS_TABLE = "suite_problems"
+STARTERS_TABLE = "suite_starters"
+DEFAULT_MAX_ATTEMPTS = 8
+
+
+class SuiteError(Exception):
+    """Bad suite input (no such path, no problems, conflicting budgets): one line for the user."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    key: str            # level1/23_Softmax, or the file's stem outside a level folder
+    path: Path
+    level: int | None
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+@dataclass
+class SuitePlan:
+    """What to run: problems x strategies under one policy and one per-problem budget."""
+    problems: list[Problem]
+    policy: str = "offline"
+    strategies: list[str] = field(default_factory=lambda: ["refine"])
+    max_attempts: int | None = None
+    minutes: float | None = None
+    language: str = "auto"
+    model: str | None = None
+    base_url: str | None = None
+    jobs: int = 1                       # parallel starter generations
+    evaluator: dict = field(default_factory=dict)  # gpus / ray / planners / pipeline (agent.run.evaluator_session)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts is not None and self.minutes is not None:
+            raise SuiteError("give --minutes-per-problem or --max-attempts, not both")
+        if self.minutes is None and self.max_attempts is None:
+            self.max_attempts = DEFAULT_MAX_ATTEMPTS
+        if self.minutes is not None and not self.minutes > 0:
+            raise SuiteError(f"--minutes-per-problem must be more than 0, got {self.minutes:g}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise SuiteError(f"--max-attempts must be at least 1, got {self.max_attempts}")
+        from agent.strategies import STRATEGIES
+        unknown = [s for s in self.strategies if s not in STRATEGIES]
+        if unknown or not self.strategies:
+            raise SuiteError(f"unknown strategy {unknown[0]!r} (one of {', '.join(STRATEGIES)})" if unknown
+                             else "--strategy names no strategy")
+        if len(set(self.strategies)) != len(self.strategies):
+            raise SuiteError(f"--strategy repeats a strategy: {','.join(self.strategies)}")
+        if self.jobs < 1:
+            raise SuiteError(f"--jobs must be at least 1, got {self.jobs}")
+
+    def run_settings(self, problem: Problem, strategy: str) -> dict:
+        """The run settings of one problem under one strategy (agent.run.settings_for, as every entry point). A
+        fixed budget: no early stop on patience (a run still stops once its best reaches target_sol of speed of
+        light); the strategy seed comes from the problem, so strategies compared on a problem, and a re-made run,
+        draw alike."""
+        attempts = self.max_attempts if self.max_attempts is not None else sys.maxsize
+        seed = int(hashlib.sha256(problem.key.encode()).hexdigest()[:8], 16)
+        return runs.settings_for(
+            str(problem.path), max_attempts=attempts, hours=self.minutes / 60 if self.minutes else None,
+            patience=attempts, language=self.language, model=self.model, base_url=self.base_url,
+            **runs.strategy_settings(strategy, seed), **self.evaluator, started_by="kloop suite",
+            suite_problem=problem.key)
+
+    def settings_key(self, strategy: str) -> str:
+        """The hash of the settings that make two runs of a problem comparable: a problem finished with the same
+        key (and source) is not run again."""
+        values = {"policy": self.policy, "model": self.model, "base_url": self.base_url, "language": self.language,
+                  "max_attempts": self.max_attempts, "hours": self.minutes / 60 if self.minutes else None,
+                  "branches": 1, "strategy": strategy}
+        return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+    def describe(self, strategy: str) -> dict:
+        return {"policy": self.policy, "model": self.model, "base_url": self.base_url, "language": self.language,
+                "max_attempts": self.max_attempts, "minutes_per_problem": self.minutes, "strategy": strategy}
+
+    def items(self) -> list[tuple[Problem, str]]:
+        """(problem, strategy) in run order: each problem under every strategy before the next problem."""
+        return [(p, s) for p in self.problems for s in self.strategies]
+
+
+def check_plan(plan: SuitePlan) -> None:
+    """Refuse now what would fail every problem alike: an unknown policy or language, a misplaced setting, a model
+    policy without its key or model (RunError / SuiteError, one line)."""
+    if plan.policy not in ("offline", "anthropic", "openai"):
+        raise SuiteError(f"a suite runs the offline, anthropic or openai policy, not {plan.policy!r}")
+    settings = plan.run_settings(plan.problems[0], plan.strategies[0])
+    runs.check_settings(plan.policy, settings)
+    runs.check_evaluator(settings)
+    if plan.policy != "offline":
+        runs.make_policy(plan.policy, settings, None, None)
+
+
+# -- problems ---------------------------------------------------------------------------------------------------
+_LEVEL = re.compile(r"^level(\d+)$")
+
+
+def discover(paths: list[str | os.PathLike], levels: list[int] | None = None, pattern: str | None = None) \
+        -> list[Problem]:
+    """The problems under `paths`: a KernelBench checkout (PATH/level{N} or PATH/KernelBench/level{N}), any folder
+    of KernelBench-style files (its *.py, not recursive), or single files. levels: only those levels (problems
+    outside a level folder are left out when levels are given); pattern: comma-separated globs matched against
+    the file name, its stem or the problem key (`23_*`, `*Softmax*`, `level1/4*`). In KernelBench's numeric
+    order; each file once."""
+    found: list[Problem] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            found.append(_problem(path))
+        elif path.is_dir():
+            level_dirs = _level_dirs(path)
+            if level_dirs:
+                for number, folder in level_dirs:
+                    if levels is None or number in levels:
+                        found += [_problem(f, number) for f in _python_files(folder)]
+            else:
+                found += [_problem(f) for f in _python_files(path)]
+        else:
+            raise SuiteError(f"no such file or folder: {path}")
+    if levels is not None:
+        found = [p for p in found if p.level in levels]
+    if pattern:
+        globs = [g.strip() for g in pattern.split(",") if g.strip()]
+        found = [p for p in found if any(fnmatch.fnmatch(name, g) for g in globs
+                                         for name in (p.path.name, p.path.stem, p.key))]
+    unique: dict[Path, Problem] = {}
+    for p in found:
+        unique.setdefault(p.path.resolve(), p)
+    problems = sorted(unique.values(), key=lambda p: (p.level or 0, _number(p.path.stem), p.path.stem))
+    if not problems:
+        where = ", ".join(map(str, paths))
+        what = " at level " + ",".join(map(str, levels)) if levels else ""
+        raise SuiteError(f"no KernelBench-style problems{what} under {where}"
+                         + (f" matching {pattern!r}" if pattern else ""))
+    return problems
+
+
+def _level_dirs(path: Path) -> list[tuple[int, Path]]:
+    for base in (path, path / "KernelBench"):
+        dirs = sorted((int(m.group(1)), d) for d in base.glob("level*") if d.is_dir()
+                      and (m := _LEVEL.match(d.name)))
+        if dirs:
+            return dirs
+    return []
+
+
+def _python_files(folder: Path) -> list[Path]:
+    return [f for f in folder.glob("*.py") if f.is_file() and not f.name.startswith("_")]
+
+
+def _problem(path: Path, level: int | None = None) -> Problem:
+    if level is None and (m := _LEVEL.match(path.parent.name)):
+        level = int(m.group(1))
+    return Problem(f"level{level}/{path.stem}" if level is not None else path.stem, path.resolve(), level)
+
+
+def _number(stem: str) -> int:
+    m = re.match(r"(\d+)", stem)
+    return int(m.group(1)) if m else sys.maxsize
+
+
+def source_sha256(path: Path) -> str:
+    """As tools.target.Target.sha256: of the file's text."""
+    return hashlib.sha256(path.read_text().encode()).hexdigest()
+
+
+# -- bookkeeping ------------------------------------------------------------------------------------------------
+def ensure_tables(store: Store) -> None:
+    db = store.db
+    with store.transaction():
+        if PROBLEMS_TABLE not in db.table_names():
+            db[PROBLEMS_TABLE].create({
+                "id": int, "settings_key": str, "settings": str, "problem": str, "path": str, "level": int,
+                "target_sha256": str, "strategy": str, "policy": str, "status": str, "reason": str, "run_id": str,
+                "started_at": str, "finished_at": str, "seconds": float}, pk="id")
+            db[PROBLEMS_TABLE].create_index(["settings_key", "problem", "target_sha256"], unique=True)
+        if STARTERS_TABLE not in db.table_names():
+            db[STARTERS_TABLE].create({"target_sha256": str, "device": str, "torch": str, "starter": str,
+                                       "error": str, "seconds": float, "created_at": str},
+                                      pk=("target_sha256", "device", "torch"))
+
+
+def problem_row(store: Store, settings_key: str, problem: Problem, sha: str) -> dict | None:
+    rows = list(store.db.query(f"SELECT * FROM {PROBLEMS_TABLE} WHERE settings_key = ? AND problem = ? AND "
+                               "target_sha256 = ?", [settings_key, problem.key, sha]))
+    return rows[0] if rows else None
+
+
+def record(store: Store, plan: SuitePlan, problem: Problem, strategy: str, sha: str, **columns: Any) -> None:
+    """Insert or update the row of (problem, settings) with `columns`."""
+    key = plan.settings_key(strategy)
+    with store.transaction():
+        existing = problem_row(store, key, problem, sha)
+        if existing is None:
+            store.db[PROBLEMS_TABLE].insert({
+                "settings_key": key, "settings": json.dumps(plan.describe(strategy), sort_keys=True),
+                "problem": problem.key, "path": str(problem.path), "level": problem.level, "target_sha256": sha,
+                "strategy": strategy, "policy": plan.policy, "started_at": now(), **columns})
+        else:
+            store.db[PROBLEMS_TABLE].update(existing["id"], columns)
+
+
+def rows_of(store: Store, plan: SuitePlan) -> list[dict]:
+    """The plan's rows in its order (a problem not reached yet has status None)."""
+    out = []
+    for problem, strategy in plan.items():
+        row = problem_row(store, plan.settings_key(strategy), problem, source_sha256(problem.path)) \
+            if problem.path.is_file() else None
+        out.append(row or {"problem": problem.key, "path": str(problem.path), "level": problem.level,
+                           "strategy": strategy, "policy": plan.policy, "status": None, "reason": None,
+                           "run_id": None, "seconds": None, "settings_key": plan.settings_key(strategy)})
+    return out
+
+
+# -- starters ---------------------------------------------------------------------------------------------------
+def device_kind() -> tuple[str, str]:
+    """(device, torch version) a starter is generated for: Inductor's GPU Triton on a CUDA machine, its CPU
+    Triton at the CPU sizes otherwise."""
+    import torch
+
+    return ("cuda" if runs.has_gpu() else "cpu-small"), torch.__version__
+
+
+def cached_starter(store: Store, sha: str) -> dict | None:
+    device, torch_version = device_kind()
+    rows = list(store.db.query(f"SELECT * FROM {STARTERS_TABLE} WHERE target_sha256 = ? AND device = ? AND "
+                               "torch = ?", [sha, device, torch_version]))
+    if not rows:
+        return None
+    row = rows[0]
+    return {"starter": json.loads(row["starter"]) if row["starter"] else None, "error": row["error"],
+            "seconds": row["seconds"]}
+
+
+def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], None]) -> None:
+    """Generate the Inductor starters the plan's offline runs still need, `plan.jobs` at a time (each in its own
+    child process), and keep each, or its reason, in suite_starters as it arrives. Generations that ran out of
+    memory beside others are tried again one at a time."""
+    if plan.policy != "offline":
+        return
+    todo: dict[str, Problem] = {}
+    for problem, strategy in plan.items():
+        if not problem.path.is_file():
+            continue
+        sha = source_sha256(problem.path)
+        row = problem_row(store, plan.settings_key(strategy), problem, sha)
+        if (row is None or row["status"] not in ("done", "skipped")) and cached_starter(store, sha) is None:
+            todo.setdefault(sha, problem)
+    if not todo:
+        return
+    from agent.kernels import inductor
+
+    device, torch_version = device_kind()
+    total, done = len(todo), 0
+
+    def one(sha: str, problem: Problem) -> tuple[str, Problem, dict | None, str | None, float]:
+        began = time.monotonic()
+        try:
+            return sha, problem, inductor.generate(str(problem.path)).to_dict(), None, time.monotonic() - began
+        except inductor.NoStarter as e:
+            return sha, problem, None, str(e), time.monotonic() - began
+
+    def keep(result) -> None:
+        nonlocal done
+        sha, problem, starter, error, seconds = result
+        done += 1
+        if error and "(exit -" in error:  # killed by a signal (memory, a stop): generated again next time
+            on_event({"kind": "starter", "problem": problem.key, "done": done, "total": total, "ok": False,
+                      "error": error, "seconds": seconds})
+            return
+        with store.transaction():
+            store.db[STARTERS_TABLE].upsert({"target_sha256": sha, "device": device, "torch": torch_version,
+                                             "starter": json.dumps(starter) if starter else None, "error": error,
+                                             "seconds": seconds, "created_at": now()},
+                                            pk=("target_sha256", "device", "torch"))
+        on_event({"kind": "starter", "problem": problem.key, "done": done, "total": total, "ok": starter is not None,
+                  "error": error, "seconds": seconds})
+
+    retry = []
+    pool = ThreadPoolExecutor(max_workers=plan.jobs)
+    try:
+        futures = [pool.submit(one, sha, problem) for sha, problem in todo.items()]
+        for future in as_completed(futures):
+            result = future.result()
+            if result[3] and "out of memory" in result[3].lower() and plan.jobs > 1:
+                retry.append(result)
+            else:
+                keep(result)
+        pool.shutdown(wait=True)
+        for sha, problem, *_ in retry:
+            keep(one(sha, problem))
+    except KeyboardInterrupt:  # what was generated is kept; the rest is generated by the next call
+        pool.shutdown(wait=False, cancel_futures=True)
+        inductor.stop_generating()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# -- the suite --------------------------------------------------------------------------------------------------
+def run_suite(store: Store, plan: SuitePlan, on_event: Callable[[dict], None] = lambda event: None,
+              session=None) -> list[dict]:
+    """Every (problem, strategy) of the plan not yet finished with the same settings, one after another in one
+    evaluator session; returns the plan's rows (rows_of). Ctrl-C: the problem in flight is marked stopped and
+    KeyboardInterrupt re-raised."""
+    ensure_tables(store)
+    prepare_starters(store, plan, on_event)
+    items = plan.items()
+    own = session is None
+    if own:  # one evaluator for every problem: its planners, executors and referees stay warm
+        session = runs.evaluator_session(plan.run_settings(items[0][0], items[0][1]) if items else plan.evaluator)
+    try:
+        for index, (problem, strategy) in enumerate(items):
+            on_event({"kind": "problem", "index": index, "total": len(items), "problem": problem.key,
+                      "strategy": strategy, **tally(store, rows_of(store, plan))})
+            row = _run_problem(store, plan, problem, strategy, on_event, session)
+            on_event({"kind": "problem_done", "index": index, "total": len(items), "problem": problem.key,
+                      "strategy": strategy, "status": row["status"], "reason": row.get("reason"),
+                      "best": _best_of(store, row.get("run_id")), **tally(store, rows_of(store, plan))})
+    finally:
+        if own:
+            session.close()
+    return rows_of(store, plan)
+
+
+def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
+                 on_event: Callable[[dict], None], session) -> dict:
+    """One problem under one strategy: skipped if finished before, resumed if its run was cut off, else started."""
+    if not problem.path.is_file():
+        return {"status": "skipped", "reason": f"{problem.path} is gone"}
+    sha = source_sha256(problem.path)
+    key = plan.settings_key(strategy)
+    row = problem_row(store, key, problem, sha)
+    if row is not None and row["status"] in ("done", "skipped"):
+        return row
+    spent = (row or {}).get("seconds") or 0.0
+    try:
+        r = _resume(store, row) if row is not None and row.get("run_id") else None
+        if r is None:
+            r = _start(store, plan, problem, strategy, sha)
+    except runs.RunFinished:
+        record(store, plan, problem, strategy, sha, status="done", finished_at=now())
+        return problem_row(store, key, problem, sha)
+    except runs.RunError as e:
+        record(store, plan, problem, strategy, sha, status="skipped", reason=str(e), finished_at=now())
+        return problem_row(store, key, problem, sha)
+    record(store, plan, problem, strategy, sha, status="running", run_id=r.id, reason=None)
+    began = time.monotonic()
+    try:
+        runs.run(r, on_event, session=session)
+    except KeyboardInterrupt:
+        record(store, plan, problem, strategy, sha, status="stopped", seconds=spent + time.monotonic() - began)
+        raise
+    except runs.RunFailed as e:
+        record(store, plan, problem, strategy, sha, status="failed", reason=str(e),
+               seconds=spent + time.monotonic() - began, finished_at=now())
+        return problem_row(store, key, problem, sha)
+    except Exception as e:  # the evaluator or the loop broke on this problem: recorded, the suite goes on
+        message = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        record(store, plan, problem, strategy, sha, status="failed", reason=message,
+               seconds=spent + time.monotonic() - began, finished_at=now())
+        return problem_row(store, key, problem, sha)
+    record(store, plan, problem, strategy, sha, status="done", seconds=spent + time.monotonic() - began,
+           finished_at=now())
+    return problem_row(store, key, problem, sha)
+
+
+def _resume(store: Store, row: dict):
+    """The problem's run, to continue; None where it cannot be (it is gone, or its target changed)."""
+    try:
+        return runs.resume(store, row["run_id"])
+    except runs.RunFinished:
+        raise
+    except runs.RunError:
+        return None
+
+
+def _start(store: Store, plan: SuitePlan, problem: Problem, strategy: str, sha: str):
+    settings = plan.run_settings(problem, strategy)
+    runs.check_settings(plan.policy, settings)
+    target = runs.load_target(str(problem.path))
+    if plan.policy == "offline":
+        from agent.policies.offline import no_starter_message
+        cached = cached_starter(store, sha)
+        if cached is not None and cached["starter"] is None:
+            raise runs.RunError(no_starter_message(target.name, cached["error"]))
+        if cached is not None:
+            settings["inductor_starter"] = cached["starter"]
+    return runs.start(store, plan.policy, settings, target=target)
+
+
+def _best_of(store: Store, run_id: str | None) -> dict | None:
+    if not run_id:
+        return None
+    best = store.best_attempt(run_id)
+    if best is None:
+        return None
+    return {"number": best["number"], "speedup_eager": best["speedup_eager"],
+            "speedup_compile": best["speedup_compile"], "sol_fraction": best["sol_fraction"],
+            "timed": bool((best.get("time_us") or {}).get("median"))}
+
+
+def tally(store: Store, rows: list[dict]) -> dict:
+    """Progress so far over the plan's rows (tools.suite_report's definitions): finished and left, verified, fast_1
+    over eager and over torch.compile (None while nothing was timed)."""
+    from tools.suite_report import collect, summarize
+
+    s = summarize(collect(store, rows))
+    return {"done": s["finished"], "left": s["problems"] - s["finished"], "verified": s["verified"],
+            "timed": s["timing_is_real"], "fast_1_eager": s["fast_p_counts"]["eager"]["1"],
+            "fast_1_compile": s["fast_p_counts"]["compile"]["1"]}

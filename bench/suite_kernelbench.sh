@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# KernelBench on one GPU with the offline policy (no API key): `kloop suite`, resumable across calls.
+#
+#   bench/suite_kernelbench.sh KERNELBENCH [DB]
+#
+#   KERNELBENCH  the folder holding KernelBench's level1/ (e.g. kernelbench/KernelBench, carried to the machine)
+#   DB           the run database (default runs/suite-level1.db). When DB is missing and DB.gz is there, DB.gz is
+#                unpacked first: carry back the suite.db.gz a previous call left in $OUT (as runs/suite-level1.db.gz)
+#                and this call continues where that one stopped (finished problems are skipped; the one in flight
+#                is resumed).
+#   Environment: LEVELS (1), MAX_ATTEMPTS (3), JOBS (8 starters generated in parallel), BUDGET_S (400: seconds
+#   `kloop suite` runs before it is stopped with SIGINT, as Ctrl-C: the problem in flight is marked stopped, the
+#   report is written), OUT (out/).
+#
+# Writes to $OUT, 7 files: report/{report.md, problems.csv, report.json, speedups.png, sol.png} (outcome.png
+# instead of the last two without a GPU), suite.db.gz (the database: gunzip it, or carry it back as DB.gz),
+# suite.log (everything printed). The last lines printed are the report's numbers.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+KB=${1:?usage: bench/suite_kernelbench.sh KERNELBENCH [DB]}
+DB=${2:-runs/suite-level1.db}
+OUT=${OUT:-out}
+LEVELS=${LEVELS:-1}
+MAX_ATTEMPTS=${MAX_ATTEMPTS:-3}
+JOBS=${JOBS:-8}
+BUDGET_S=${BUDGET_S:-400}
+began=$(date +%s)
+mkdir -p "$OUT/report" "$(dirname "$DB")"
+
+# The offline GPU image lacks langgraph, anthropic, sqlite-utils (README: On a GPU machine without network).
+if ! python3 -c "import langgraph, sqlite_utils" 2>/dev/null; then
+    [ -d .whl ] || { echo "error: no .whl/ to install langgraph and sqlite-utils from (../shared/gpu/wheels.sh)"; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 2
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+if ! command -v bwrap >/dev/null && [ -z "${KLOOP_BWRAP:-}" ] && compgen -G ".debs/bubblewrap_*.deb" >/dev/null; then
+    dpkg -x .debs/bubblewrap_*.deb /tmp/bw && export KLOOP_BWRAP=/tmp/bw/usr/bin/bwrap
+fi
+if [ ! -f "$DB" ] && [ -f "$DB.gz" ]; then
+    gunzip -c "$DB.gz" > "$DB" && echo "continuing the suite in $DB (from $DB.gz)"
+fi
+
+args=("$KB" --levels "$LEVELS" --policy offline --max-attempts "$MAX_ATTEMPTS" --db "$DB" --out "$OUT/report")
+# --foreground: SIGINT reaches kloop alone, which stops its evaluator and generators itself; -k: a hard stop after
+timeout --foreground -s INT -k 45 "$BUDGET_S" python3 -m agent.cli suite "${args[@]}" --jobs "$JOBS" 2>&1 \
+    | tee "$OUT/suite.log"
+code=${PIPESTATUS[0]}
+if [ ! -f "$OUT/report/report.json" ] || [ "$code" = 137 ]; then   # killed before it wrote its report
+    python3 -m agent.cli suite "${args[@]}" --report-only >> "$OUT/suite.log" 2>&1
+fi
+python3 - "$DB" <<'PY'
+import sqlite3, sys
+with sqlite3.connect(sys.argv[1]) as db:   # fold the WAL into the file before it is copied
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+PY
+gzip -c "$DB" > "$OUT/suite.db.gz"
+echo "kloop suite exit $code after $(( $(date +%s) - began )) s; database $DB ($(du -h "$OUT/suite.db.gz" | cut -f1) gzipped in $OUT/suite.db.gz)"
+python3 - "$OUT/report/report.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+s, gpu = d["summary"], (d["context"].get("gpu") or {}).get("name") or "no GPU"
+st = s["statuses"]
+print(f"{gpu}: {s['finished']}/{s['problems']} problems finished (done {st['done']}, skipped {st['skipped']}, "
+      f"failed {st['failed']}, stopped {st['stopped']}, not reached {st['not reached']})")
+print(f"{'':<34}{'vs eager':>12}{'vs compile':>12}")
+print(f"{'correct (fast_0)':<34}{s['verified']:>12}")
+for p in ("1", "1.2", "2"):
+    c = s["fast_p_counts"]
+    print(f"{'fast_' + p:<34}" + "".join(f"{'-' if c[b][p] is None else c[b][p]:>12}" for b in ("eager", "compile")))
+for key, label in (("verified_only", "geomean, verified only"), ("all_problems_fallback_1x", "geomean, all (1.0x if none)")):
+    g = [s["geomean"][b][key] for b in ("eager", "compile")]
+    print(f"{label:<34}" + "".join(f"{v:>11.2f}x" if v else f"{'-':>12}" for v in g))
+q = s["sol_fraction"]["quartiles"]
+if q:
+    print(f"SOL fraction quartiles {q['p25']:.0%} / {q['median']:.0%} / {q['p75']:.0%} over {s['sol_fraction']['count']}")
+print(f"attempts {s['attempts']['total']}, wall {s['seconds']['total']:.0f} s, median {s['seconds']['median'] or 0:.0f} s per problem")
+PY

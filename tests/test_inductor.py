@@ -1,0 +1,202 @@
+"""The offline policy's starter for any target: Inductor's Triton made standalone (agent/kernels/inductor.py).
+
+The translation is checked on a wrapper written the way Inductor writes it for a CUDA device (device guard, stream
+look-up, size assertions), run here under the interpreter; the generator itself runs on CPU (Inductor's Triton
+backend), and its starters are verified by the evaluator (more kinds in tests/test_suite.py's suite)."""
+import pytest
+import torch
+
+from agent.kernels import inductor
+from agent.kernels.inductor import NoStarter, build_candidate, launcher, parse_kernel
+from agent.policies import make_policy
+from agent.policies.offline import read_marker
+from agent.policy import AttemptView, ProposeContext
+from tools.result import EvalResult
+from tools.target import load_target
+
+KERNEL = '''
+import triton
+import triton.language as tl
+
+from torch._inductor.runtime import triton_helpers, triton_heuristics
+from torch._inductor.runtime.triton_helpers import libdevice, math as tl_math
+from torch._inductor.runtime.hints import AutotuneHint, ReductionHint, TileHint, DeviceProperties
+triton_helpers.set_driver_to_gpu()
+
+@triton_heuristics.pointwise(
+    size_hints={'x': 1048576}, filename=__file__,
+    triton_meta={'signature': {'in_ptr0': '*fp32', 'in_ptr1': '*fp32', 'out_ptr0': '*fp32', 'xnumel': 'i32'},
+                 'device': DeviceProperties(type='cuda', index=0, multi_processor_count=132, cc=90, major=9,
+                                            regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+                                            warp_size=32), 'constants': {}},
+    inductor_meta={'grid_type': 'Grid1D', 'kernel_name': 'triton_poi_fused_add_mul_0', 'mutated_arg_names': []},
+    min_elem_per_thread=0
+)
+@triton.jit
+def triton_poi_fused_add_mul_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr):
+    xoffset = tl.program_id(0) * XBLOCK
+    xindex = xoffset + tl.arange(0, XBLOCK)[:]
+    xmask = xindex < xnumel
+    x0 = xindex
+    tmp0 = tl.load(in_ptr0 + (x0), xmask)
+    tmp1 = tl.load(in_ptr1 + (x0), xmask)
+    tmp2 = triton_helpers.maximum(tmp0, tmp1)
+    tmp3 = tmp2 * tmp0
+    tl.store(out_ptr0 + (x0), tmp3, xmask)
+'''
+# Inductor's wrapper for a CUDA device, as its codegen writes it (torch/_inductor/codegen/wrapper.py)
+WRAPPER = f'''
+from torch._inductor.async_compile import AsyncCompile
+async_compile = AsyncCompile()
+empty_strided_cuda = torch._C._dynamo.guards._empty_strided_cuda
+
+triton_poi_fused_add_mul_0 = async_compile.triton('triton_poi_fused_add_mul_0', {KERNEL!r}, device_str='cuda')
+
+async_compile.wait(globals())
+del async_compile
+
+def call(args):
+    arg0_1, arg1_1, arg2_1 = args
+    args.clear()
+    s0 = arg0_1
+    assert_size_stride(arg1_1, (s0, ), (1, ))
+    assert_size_stride(arg2_1, (s0, ), (1, ))
+    with torch.cuda._DeviceGuard(0):
+        torch.cuda.set_device(0)
+        buf0 = empty_strided_cuda((s0, ), (1, ), torch.float32)
+        # Topologically Sorted Source Nodes: [maximum, mul], Original ATen: [aten.maximum, aten.mul]
+        stream0 = get_raw_stream(0)
+        triton_poi_fused_add_mul_0.run(arg1_1, arg2_1, buf0, s0, stream=stream0)
+        del arg1_1
+        del arg2_1
+    return (buf0, )
+'''
+REFERENCE = '''import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.maximum(a, b) * a
+
+
+def get_inputs():
+    return [torch.randn(1000), torch.randn(1000)]
+
+
+def get_init_inputs():
+    return []
+'''
+SOURCES = ["L['args'][0].size()[0]", "L['args'][0]", "L['args'][1]"]
+
+
+def test_a_cuda_wrapper_becomes_a_standalone_candidate_that_computes_the_reference():
+    generated = build_candidate(WRAPPER, SOURCES, REFERENCE, single_output=True)
+    source = generated.source
+    for gone in ("torch._inductor", "_DeviceGuard", "set_device", "get_raw_stream", "assert_size_stride",
+                 "triton_helpers", "get_inputs"):
+        assert gone not in source
+    assert "_th_maximum(tmp0, tmp1)" in source and "def _th_maximum(a, b):" in source
+    assert generated.tunables == {"K0_XBLOCK": [128, 256, 512, 1024, 2048, 4096], "K0_NUM_WARPS": [1, 2, 4, 8, 16]}
+    assert generated.kernels == ["triton_poi_fused_add_mul_0"]
+    namespace = {}
+    exec(compile(source, "candidate", "exec"), namespace)  # under TRITON_INTERPRET=1 (tests/conftest.py)
+    a, b = torch.randn(1000), torch.randn(1000)
+    out = namespace["ModelNew"]()(a, b)
+    assert torch.equal(out, torch.maximum(a, b) * a)
+    assert namespace["ModelNew"]()(a[:0], b[:0]).shape == (0,)   # an empty grid launches nothing
+
+
+def test_library_calls_and_kernel_free_graphs_say_why_there_is_no_starter():
+    extern = WRAPPER.replace("triton_poi_fused_add_mul_0.run(arg1_1, arg2_1, buf0, s0, stream=stream0)",
+                             "extern_kernels.mm(arg1_1, arg2_1, out=buf0)")
+    with pytest.raises(NoStarter, match=r"makes a library call \(extern_kernels\.mm\) instead of generating Triton"):
+        build_candidate(extern, SOURCES, REFERENCE, single_output=True)
+    only_extern = extern.split("triton_poi_fused_add_mul_0 = async_compile")[0] + "\ndef call(args):\n" \
+        "    arg0_1, arg1_1 = args\n    buf0 = empty_strided_cuda((4, 4), (4, 1), torch.float32)\n" \
+        "    extern_kernels.mm(arg0_1, arg1_1, out=buf0)\n    return (buf0, )\n"
+    with pytest.raises(NoStarter, match="library call"):  # the library is the reason, not "no Triton kernel"
+        build_candidate(only_extern, SOURCES[1:], REFERENCE, single_output=True)
+    fallback = WRAPPER.replace("buf0 = empty_strided_cuda((s0, ), (1, ), torch.float32)",
+                               "buf0 = torch.ops.aten.sort.default(arg1_1)")
+    with pytest.raises(NoStarter, match=r"a PyTorch fallback \(torch\.ops\.aten\.sort\.default\)"):
+        build_candidate(fallback, SOURCES, REFERENCE, single_output=True)
+    identity = "def call(args):\n    arg0_1, = args\n    return (arg0_1, )\n"
+    with pytest.raises(NoStarter, match="generated no Triton kernel"):
+        build_candidate(identity, SOURCES[1:2], REFERENCE, single_output=True)
+
+
+class _Recorder:
+    """Stands in for a @triton.jit kernel in a launcher: records the grid and the keywords it is launched with."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, kwargs))
+
+
+def test_launch_grids_follow_inductors_grid_types():
+    text = KERNEL.replace("'grid_type': 'Grid1D'", "'grid_type': 'Grid2DWithYZOverflow'").replace(
+        "def triton_poi_fused_add_mul_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr)",
+        "def triton_poi_fused_add_mul_0(in_ptr0, in_ptr1, out_ptr0, ynumel, xnumel, YBLOCK : tl.constexpr, "
+        "XBLOCK : tl.constexpr)")
+    kernel = parse_kernel("triton_poi_fused_add_mul_0", text)
+    assert (kernel.kind, kernel.grid, kernel.constexprs) == ("pointwise", "Grid2DWithYZOverflow", ["YBLOCK", "XBLOCK"])
+    recorder = _Recorder()
+    namespace = {"triton_poi_fused_add_mul_0": recorder, "K0_XBLOCK": 32, "K0_YBLOCK": 16, "K0_NUM_WARPS": 4}
+    exec(launcher(0, kernel), namespace)
+    namespace["_launch_0"](None, None, None, 16 * 70000, 100)   # 70,000 y programs: folded into z, as Inductor does
+    namespace["_launch_0"](None, None, None, 16 * 3, 100)
+    assert [grid for grid, _ in recorder.launches] == [(4, 35000, 2), (4, 3, 1)]
+    assert recorder.launches[0][1] == {"YBLOCK": 16, "XBLOCK": 32, "num_warps": 4}
+
+    template = parse_kernel("triton_tem_fused_mm_0", KERNEL.replace("triton_poi_fused_add_mul_0",
+                                                                   "triton_tem_fused_mm_0").replace(
+        "@triton_heuristics.pointwise(\n    size_hints={'x': 1048576}, filename=__file__,",
+        "@triton_heuristics.template(\n    num_stages=3, num_warps=8, filename=__file__,").replace(
+        "'grid_type': 'Grid1D'", "'grid_type': 'FixedGrid'").replace(", XBLOCK : tl.constexpr", ""))
+    assert (template.kind, template.grid, template.configs[0]["num_stages"]) == ("template", "FixedGrid", 3)
+    tunables, defaults = inductor.kernel_tunables(0, template)
+    assert defaults == {"K0_NUM_WARPS": 8, "K0_NUM_STAGES": 3} and set(tunables) == set(defaults)
+    recorder = _Recorder()
+    namespace = {"triton_tem_fused_mm_0": recorder, **defaults}
+    exec(launcher(0, template), namespace)
+    namespace["_launch_0"](None, None, None, 7, 12, 1, 1)   # the wrapper's grid, computed for the template's tiles
+    assert recorder.launches == [((12, 1, 1), {"num_warps": 8, "num_stages": 3})]
+
+
+def test_the_offline_policy_starts_any_target_from_its_inductor_starter(tmp_path):
+    target = load_target("tests/targets/kb_leaky_relu.py")
+    starter = {"source": "import torch\nK0_XBLOCK = 1024\nK0_NUM_WARPS = 4\nclass ModelNew(torch.nn.Module):\n"
+                         "    pass\n", "tunables": {"K0_XBLOCK": [512, 1024, 2048], "K0_NUM_WARPS": [2, 4, 8]},
+               "defaults": {"K0_XBLOCK": 1024, "K0_NUM_WARPS": 4}, "notes": "from torch.compile", "kernels": ["k"]}
+    policy = make_policy("offline", target=target, inductor_starter=starter)  # given: nothing is generated
+    assert policy.pinned == {"inductor_starter": starter}
+    history, proposals = [], []
+    for turn in range(1, 5):   # each proposal recorded as a correct attempt, as the loop would
+        proposals.append(policy.propose(ProposeContext(run_id="r", branch=0, turn=turn, target_name=target.name,
+                                                       target_source="", language="auto", gpu=None, history=history,
+                                                       best=None)))
+        history.append(AttemptView(turn, turn, 0, "triton", proposals[-1].source, "correct", [], None, None, None,
+                                   None, "", EvalResult()))
+    assert read_marker(proposals[0].source) == {"template": "inductor/kb_leaky_relu",
+                                                "values": {"K0_NUM_WARPS": 4, "K0_XBLOCK": 1024}}
+    assert proposals[0].source.split("\n", 1)[1] == starter["source"]
+    assert {p.language for p in proposals} == {"triton"}   # no PTX twin: Inductor's launch is not the catalog's
+    assert "K0_XBLOCK = 2048" in proposals[1].source and "from torch.compile" in proposals[0].reasoning
+
+
+@pytest.mark.slow
+def test_generated_starters_for_a_gemm_template_and_a_tiled_transpose_are_verified_by_the_evaluator(tmp_path):
+    from sandbox.evaluate import evaluate
+
+    transpose = tmp_path / "transpose_add.py"
+    transpose.write_text("import torch\nrows = 96\ncols = 80\n\n\nclass Model(torch.nn.Module):\n"
+                         "    def forward(self, x, y):\n        return x.t() + y\n\n\ndef get_inputs():\n"
+                         "    return [torch.randn(rows, cols), torch.randn(cols, rows)]\n\n\n"
+                         "def get_init_inputs():\n    return []\n")
+    for spec, kind in (("tests/targets/tiny_linear.py", "triton_tem_"), (str(transpose), "triton_poi_")):
+        generated = inductor.generate(spec, small=True)
+        assert all(k.startswith(kind) for k in generated.kernels), generated.kernels
+        result = evaluate(load_target(spec), generated.source)
+        assert result.verdict == "correct", result.reasons

@@ -1,0 +1,299 @@
+"""`kloop suite`: discovery of KernelBench-style problem sets, the report's numbers against a hand-computed case, and
+a real suite on CPU (the offline policy's Inductor starters, a broken problem, kill -9 and Ctrl-C, resume)."""
+import csv
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.cli import app
+from agent.suite import Problem, SuiteError, SuitePlan, discover, rows_of
+from tools.store import open_db
+from tools.suite_report import NO_TIMING, collect, compare, summarize, write_suite_report
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEMS = REPO / "tests" / "suite_problems"
+MODULE = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x + 1\n" \
+         "def get_inputs():\n    return [torch.randn(8)]\ndef get_init_inputs():\n    return []\n"
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+# -- discovery ---------------------------------------------------------------------------------------------------
+@pytest.fixture
+def checkout(tmp_path):
+    """A KernelBench checkout's layout: KernelBench/level1 and level2, with a non-problem file beside them."""
+    for level, names in ((1, ["10_Ten", "2_Two", "1_One", "__init__"]), (2, ["1_Fused", "3_Other"])):
+        folder = tmp_path / "KernelBench" / "KernelBench" / f"level{level}"
+        folder.mkdir(parents=True)
+        for name in names:
+            (folder / f"{name}.py").write_text(MODULE)
+    (tmp_path / "KernelBench" / "README.md").write_text("not a problem")
+    return tmp_path / "KernelBench"
+
+
+def test_discover_a_checkout_its_levels_and_globs_in_kernelbench_order(checkout):
+    keys = lambda problems: [p.key for p in problems]  # noqa: E731
+    assert keys(discover([checkout])) == ["level1/1_One", "level1/2_Two", "level1/10_Ten", "level2/1_Fused",
+                                          "level2/3_Other"]
+    assert keys(discover([checkout / "KernelBench"], levels=[2])) == ["level2/1_Fused", "level2/3_Other"]
+    assert keys(discover([checkout], levels=[1], pattern="1*_*")) == ["level1/1_One", "level1/10_Ten"]
+    assert keys(discover([checkout], pattern="level2/3*,*Two")) == ["level1/2_Two", "level2/3_Other"]
+    # a level folder itself, a single file (level from its folder), a plain folder; each file once
+    level1 = checkout / "KernelBench" / "level1"
+    assert keys(discover([level1, level1 / "2_Two.py"])) == ["level1/1_One", "level1/2_Two", "level1/10_Ten"]
+    plain = checkout.parent / "mine"
+    plain.mkdir()
+    (plain / "my_op.py").write_text(MODULE)
+    (only,) = discover([plain / "my_op.py"])
+    assert only == Problem("my_op", (plain / "my_op.py").resolve(), None)
+    assert keys(discover([plain])) == ["my_op"]
+
+
+def test_discover_and_plans_refuse_bad_input_in_one_line(checkout, tmp_path):
+    with pytest.raises(SuiteError, match="no such file or folder"):
+        discover([tmp_path / "missing"])
+    with pytest.raises(SuiteError, match="no KernelBench-style problems at level 3"):
+        discover([checkout], levels=[3])
+    with pytest.raises(SuiteError, match="matching 'nothing\\*'"):
+        discover([checkout], pattern="nothing*")
+    problems = discover([checkout], levels=[1])
+    with pytest.raises(SuiteError, match="not both"):
+        SuitePlan(problems, max_attempts=3, minutes=1.0)
+    with pytest.raises(SuiteError, match="unknown strategy 'greedy'"):
+        SuitePlan(problems, strategies=["refine", "greedy"])
+    assert SuitePlan(problems).max_attempts == 8
+    a, b = SuitePlan(problems, max_attempts=3), SuitePlan(problems, max_attempts=4)
+    assert a.settings_key("refine") != b.settings_key("refine") != b.settings_key("metr")
+    assert a.settings_key("refine") == SuitePlan(problems, max_attempts=3, jobs=5).settings_key("refine")
+    settings = a.run_settings(problems[0], "metr")
+    assert (settings["max_attempts"], settings["patience"], settings["strategy"]) == (3, 3, "metr")
+    assert settings["strategy_seed"] == a.run_settings(problems[0], "refine")["strategy_seed"]
+
+    db = tmp_path / "s.db"
+    for args, message in (((checkout, "--levels", "x"), "--levels takes comma-separated numbers"),
+                          ((checkout, "--max-attempts", 2, "--minutes-per-problem", 1), "not both"),
+                          ((checkout, "--policy", "replay"), "not 'replay'"),
+                          ((tmp_path / "nope",), "no such file or folder")):
+        result = cli("suite", *args, "--db", db)
+        assert result.exit_code == 2 and message in result.stderr, result.output
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not db.exists()
+
+
+# -- the report's numbers ------------------------------------------------------------------------------------------
+def _run(store, name, strategy, curve, best, gpu="NVIDIA H100 80GB HBM3"):
+    """A finished run with attempts [(verdict, x eager, x compile, sol)] and its best attempt's number."""
+    run_id = store.create_run(target_name=name, policy="offline", settings={"strategy": strategy}, gpu_name=gpu,
+                              driver="580.1" if gpu else None, cuda="13.0" if gpu else None,
+                              versions={"torch": "2.11.0", "triton": "3.6.0"}, status="finished")
+    ids = []
+    for verdict, eager, compiled, sol in curve:
+        timed = gpu is not None and verdict == "correct"
+        ids.append(store.add_attempt(
+            run_id, language="triton", source=f'# kloop-offline: {{"template": "inductor/{name}", "values": {{}}}}\n',
+            verdict=verdict, speedup_eager=eager if timed else None, speedup_compile=compiled if timed else None,
+            sol_fraction=sol if timed else None, time_us={"median": 10.0} if timed else None,
+            result={"baselines": {"eager": {"median": 10.0 * eager}, "compile": {"median": 10.0 * compiled}}}
+            if timed else {}))
+    if best is not None:
+        store.update_run(run_id, best_attempt_id=ids[best - 1])
+    return run_id
+
+
+def _row(problem, strategy, status, run_id=None, reason=None, seconds=30.0):
+    return {"problem": problem, "level": 1, "strategy": strategy, "policy": "offline", "status": status,
+            "reason": reason, "run_id": run_id, "seconds": seconds}
+
+
+@pytest.fixture
+def timed_suite(tmp_path):
+    """Five problems on a GPU, worked out by hand in the test below."""
+    store = open_db(tmp_path / "s.db")
+    ok, bad = "correct", "incorrect"
+    rows = [
+        _row("level1/1_A", "refine", "done", _run(store, "1_A", "refine", [
+            (ok, 1.0, 0.5, 0.3), (bad, 0, 0, 0), (ok, 2.46, 1.05, 0.79), (ok, 2.5, 1.1, 0.8)], best=4)),
+        _row("level1/2_B", "refine", "done", _run(store, "2_B", "refine", [(ok, 1.5, 0.9, 0.5)], best=1)),
+        _row("level1/3_C", "refine", "done", _run(store, "3_C", "refine", [(bad, 0, 0, 0), (ok, 0.8, 0.6, 0.3)],
+                                                  best=2)),
+        _row("level1/4_D", "refine", "done", _run(store, "4_D", "refine", [(bad, 0, 0, 0)], best=None)),
+        _row("level1/5_E", "refine", "skipped", reason="target 5_E: the reference fails at its main shape"),
+        _row("level1/6_F", "refine", None),          # not reached yet: left out of every number
+    ]
+    return store, rows
+
+
+def test_report_numbers_match_a_hand_computed_case(timed_suite, tmp_path):
+    store, rows = timed_suite
+    results = collect(store, rows)
+    s = summarize(results)
+    assert (s["problems"], s["finished"], s["verified"]) == (6, 5, 3)
+    assert s["correctness_rate"] == pytest.approx(3 / 5)
+    # fast_p: correct AND strictly faster than p, over the 5 finished problems (the skipped one counts as not correct)
+    assert s["fast_p"]["eager"] == pytest.approx({"0": 3 / 5, "1": 2 / 5, "1.2": 2 / 5, "2": 1 / 5})
+    assert s["fast_p"]["compile"] == pytest.approx({"0": 3 / 5, "1": 1 / 5, "1.2": 0.0, "2": 0.0})
+    assert s["fast_p_counts"]["compile"] == {"0": 3, "1": 1, "1.2": 0, "2": 0}
+    # geomeans: over the 3 verified kernels; over all 5 with 1.0x for the two without one
+    assert s["geomean"]["eager"]["verified_only"] == pytest.approx((2.5 * 1.5 * 0.8) ** (1 / 3))
+    assert s["geomean"]["eager"]["all_problems_fallback_1x"] == pytest.approx((2.5 * 1.5 * 0.8) ** (1 / 5))
+    assert s["geomean"]["compile"]["verified_only"] == pytest.approx((1.1 * 0.9 * 0.6) ** (1 / 3))
+    assert s["geomean"]["compile"]["all_problems_fallback_1x"] == pytest.approx((1.1 * 0.9 * 0.6) ** (1 / 5))
+    # attempts to 98% of the run's best (2.5): attempt 3 (2.46 >= 2.45) although the best is attempt 4
+    by_problem = {r["problem"]: r for r in results}
+    assert [by_problem[p]["attempts_to_98"] for p in ("level1/1_A", "level1/2_B", "level1/3_C", "level1/4_D")] \
+        == [3, 1, 2, None]
+    assert s["attempts"]["median_to_98_percent_of_best"] == 2
+    assert s["sol_fraction"]["quartiles"]["median"] == pytest.approx(0.5)
+    assert [b["count"] for b in s["sol_fraction"]["histogram"]] == [0, 1, 1, 1, 0, 0]  # 0.3, 0.5, 0.8
+    assert by_problem["level1/1_A"]["template"] == "inductor/1_A" and by_problem["level1/1_A"]["eager_us"] == 25.0
+
+    written = write_suite_report(store, rows, tmp_path / "out", {"title": "hand-computed"})
+    assert sorted(p.name for p in written) == ["problems.csv", "report.json", "report.md", "sol.png", "speedups.png"]
+    table = list(csv.DictReader(open(tmp_path / "out" / "problems.csv")))
+    assert [r["status"] for r in table] == ["done", "done", "done", "done", "skipped", ""]
+    assert float(table[0]["speedup_compile"]) == 1.1 and table[3]["verified"] == "False"
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| fast_1.2 | 2/5 (40%) | 0/5 (0%) |" in markdown
+    assert "counts as 1.0x" in markdown and "5 of 6 problems finished" in markdown
+    assert "NVIDIA H100 80GB HBM3" in markdown and "2.11.0" in markdown
+    assert "## Below torch.compile" in markdown and "level1/3_C" in markdown.split("## Below torch.compile")[1]
+    assert "| level1/4_D | refine | 1 | #1 incorrect |" in markdown   # a run without a verified kernel, and why
+    document = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert document["summary"]["fast_p"]["eager"]["2"] == pytest.approx(0.2)
+
+
+def test_strategies_are_compared_at_an_equal_budget(timed_suite, tmp_path):
+    store, rows = timed_suite
+    rows = rows[:2] + [
+        _row("level1/1_A", "metr", "done", _run(store, "1_A", "metr", [("correct", 2.0, 1.0, 0.6),
+                                                                            ("correct", 3.0, 1.3, 0.9)], best=2)),
+        _row("level1/2_B", "metr", "done", _run(store, "2_B", "metr", [("incorrect", 0, 0, 0)], best=None))]
+    comparison = {r["strategy"]: r for r in compare(collect(store, rows))}
+    assert comparison["refine"]["geomean_eager"] == pytest.approx(math.sqrt(2.5 * 1.5))
+    assert comparison["metr"]["geomean_eager"] == pytest.approx(3.0)
+    assert comparison["metr"]["geomean_eager_all"] == pytest.approx(math.sqrt(3.0))
+    assert (comparison["metr"]["verified"], comparison["metr"]["median_attempts_to_98"]) == (1, 2)
+    assert comparison["refine"]["attempts"] == 5 and comparison["metr"]["attempts"] == 3
+    written = write_suite_report(store, rows, tmp_path / "out")
+    assert "strategies.png" in {p.name for p in written}
+    assert "## Strategies at an equal budget" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_an_untimed_suite_reports_no_speedups(tmp_path):
+    store = open_db(tmp_path / "s.db")
+    rows = [_row("a", "refine", "done", _run(store, "a", "refine", [("correct", 9.0, 9.0, 0.9)], best=1, gpu=None)),
+            _row("b", "refine", "failed", reason="RunFailed: the policy stopped")]
+    s = summarize(collect(store, rows))
+    assert not s["timing_is_real"] and s["correctness_rate"] == 0.5
+    assert s["fast_p"]["eager"] == {"0": 0.5, "1": None, "1.2": None, "2": None}
+    assert s["geomean"]["eager"] == {"verified_only": None, "verified_timed": 0, "all_problems_fallback_1x": None}
+    assert s["sol_fraction"]["count"] == 0
+    written = write_suite_report(store, rows, tmp_path / "out")
+    assert sorted(p.name for p in written) == ["outcome.png", "problems.csv", "report.json", "report.md"]
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert NO_TIMING in markdown and "– (not timed)" in markdown and "RunFailed: the policy stopped" in markdown
+
+
+# -- a real suite on CPU -----------------------------------------------------------------------------------------
+def _suite(db, out, *extra):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
+    return subprocess.Popen([sys.executable, "-m", "agent.cli", "suite", str(db.parent / "problems"), "--policy",
+                             "offline", "--max-attempts", "1", "--jobs", "2", "--db", str(db), "--out", str(out),
+                             *extra], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _wait_running(db, problem, process, timeout=240):
+    """Until `problem`'s row says running (its run has started)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, f"{problem} did not start in time"
+        if db.exists():
+            rows = [r for r in _rows(db) if r["problem"] == problem]
+            if rows and rows[0]["status"] == "running":
+                return rows[0]
+        time.sleep(0.2)
+
+
+def _rows(db):
+    store = open_db(db, create=False, readonly=True)
+    try:
+        if "suite_problems" not in store.db.table_names():
+            return []
+        return list(store.db.query("SELECT * FROM suite_problems ORDER BY id"))
+    finally:
+        store.close()
+
+
+def _stop(process, sig):
+    process.send_signal(sig)
+    code = process.wait(timeout=120)
+    output = process.stdout.read().decode()
+    with __import__("contextlib").suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # whatever the killed suite left in its own process group
+    return code, output
+
+
+@pytest.mark.slow
+def test_a_suite_on_cpu_survives_kill_9_and_ctrl_c_and_skips_a_broken_problem(tmp_path):
+    shutil.copytree(PROBLEMS, tmp_path / "problems")
+    db, out = tmp_path / "suite.db", tmp_path / "report"
+    first = _suite(db, out)
+    killed = _wait_running(db, "level1/2_Mean_over_a_dimension", first)
+    code, _ = _stop(first, signal.SIGKILL)
+    assert code == -signal.SIGKILL
+    before = {r["problem"]: r for r in _rows(db)}
+    assert before["level1/1_Scaled_ReLU"]["status"] == "done"
+    assert before["level1/2_Mean_over_a_dimension"]["status"] == "running"   # kill -9 recorded nothing more
+
+    second = _suite(db, out)
+    _wait_running(db, "level1/3_RMS_Norm", second)
+    code, output = _stop(second, signal.SIGINT)
+    assert code == 130, output[-3000:]
+    assert "suite stopped; the same command continues it" in output and (out / "report.md").exists()
+    assert "starter" not in output   # the starters were kept from the first call
+    middle = {r["problem"]: r for r in _rows(db)}
+    assert middle["level1/2_Mean_over_a_dimension"]["run_id"] == killed["run_id"]   # resumed, not started again
+    assert middle["level1/2_Mean_over_a_dimension"]["status"] == "done"
+    assert middle["level1/3_RMS_Norm"]["status"] == "stopped"
+
+    third = _suite(db, out, "--json")
+    stdout, _ = third.communicate(timeout=600)
+    assert third.returncode == 0, stdout.decode()[-3000:]
+    report = json.loads(stdout.decode()[stdout.decode().index("{"):])
+    after = {r["problem"]: r for r in _rows(db)}
+    assert after["level1/3_RMS_Norm"]["run_id"] == middle["level1/3_RMS_Norm"]["run_id"]
+    assert [after[p]["status"] for p in sorted(after)] == ["done", "done", "done", "skipped"]
+    assert "the reference fails" in after["level1/4_Broken_reference"]["reason"]
+    assert after["level1/4_Broken_reference"]["run_id"] is None   # a skipped problem makes no run
+
+    store = open_db(db, create=False, readonly=True)
+    runs = store.list_runs()
+    assert len(runs) == 3 and all(r["status"] == "finished" for r in runs)
+    for run in runs:  # one attempt each, numbered once: nothing lost or done twice across the kill and the Ctrl-C
+        (attempt,) = store.attempts(run["id"])
+        assert attempt["number"] == 1 and attempt["verdict"] == "correct", attempt["reasons"]
+        assert attempt["result"]["executed_on"] == "cpu-interpreter"
+        # the Inductor starter, at its defaults: elementwise, reduction and norm kernels verified by the evaluator
+        assert attempt["source"].split("\n", 1)[1] == run["settings"]["inductor_starter"]["source"]
+        assert json.loads(attempt["source"].split("\n", 1)[0].split(": ", 1)[1])["template"] == \
+            f"inductor/{run['target_name']}"
+    summary = report["summary"]
+    assert (summary["finished"], summary["verified"], summary["timing_is_real"]) == (4, 3, False)
+    assert summary["fast_p"]["eager"]["0"] == pytest.approx(0.75) and summary["fast_p"]["eager"]["1"] is None
+    assert {p.name for p in out.iterdir()} == {"report.md", "problems.csv", "report.json", "outcome.png"}
+
+    again = cli("suite", tmp_path / "problems", "--policy", "offline", "--max-attempts", 1, "--db", db, "--out", out)
+    assert again.exit_code == 0 and "[4/4]" in again.output and "#1" not in again.output  # all finished: skipped
