@@ -196,8 +196,6 @@ def spares(settings: dict) -> int:
 
 
 # -- where candidates are evaluated ---------------------------------------------------------------------------------
-PLANNER_GPU_BYTES = 1 << 30   # a planner's CUDA context and Triton's working set, besides the target's inputs
-PLANNER_MEMORY_SHARE = 0.4    # of each GPU's memory, at most, for the planners on it
 
 
 def gpu_list(spec: str | None) -> list[str] | None:
@@ -228,19 +226,6 @@ def gpu_list(spec: str | None) -> list[str] | None:
     return [visible[g] if g < len(visible) else str(g) for g in chosen]
 
 
-def input_bytes(target) -> int:
-    """Bytes of the target's inputs at its main shape (get_inputs on the meta device; 0 where that fails)."""
-    import torch
-
-    try:
-        module = target.module_for(target.shapes(not has_gpu())[0])
-        with torch.device("meta"):
-            inputs = module.get_inputs()
-    except Exception:
-        return 0
-    return sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
-
-
 def planners_for(settings: dict, devices: int, target=None) -> int:
     """Candidates planned at once: settings["planners"], else the CPU cores left beside each device's two trusted
     processes and this one, at most what a PLANNER_MEMORY_SHARE of the GPUs' memory holds (each planner has a CUDA
@@ -253,7 +238,9 @@ def planners_for(settings: dict, devices: int, target=None) -> int:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     by_cores = max(1, min(16 * devices, cores - 2 * devices - 1))
-    per_planner = PLANNER_GPU_BYTES + 2 * (input_bytes(target) if target is not None else 0)
+    from sandbox.pipeline import PLANNER_GPU_BYTES, PLANNER_MEMORY_SHARE
+
+    per_planner = PLANNER_GPU_BYTES + 2 * (target.input_bytes(False) if target is not None else 0)
     per_gpu = int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE // per_planner)
     return max(1, min(by_cores, per_gpu * devices))
 

@@ -243,6 +243,16 @@ class Session:
     def weakly_isolated(self) -> bool:
         return self.pool.isolation.mode != "bwrap"
 
+    def planning_memory(self) -> int | None:
+        """GPU memory the planners may hold at once (sandbox.pipeline.MemoryGate); None without a GPU."""
+        if not self.cuda:
+            return None
+        import torch
+
+        from sandbox.pipeline import PLANNER_MEMORY_SHARE
+
+        return int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE) * len(self.devices)
+
     # The first device's, for callers that judge one candidate at a time.
     def executor(self) -> Child:
         return self.devices[0].executor()

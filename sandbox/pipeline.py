@@ -32,6 +32,39 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 STAGES = ("plan", "load", "verify", "profile")
+PLANNER_GPU_BYTES = 1 << 30   # a planner's CUDA context and Triton's working set, besides the target's inputs
+PLANNER_MEMORY_SHARE = 0.4    # of the GPUs' memory, at most, for the planners on them
+
+
+class MemoryGate:
+    """Bytes of GPU memory the planners may hold at once. A planner makes the target's inputs (and its forward may
+    allocate as much again): at KernelBench's full sizes (12 GB of inputs for a ReLU) a dozen planners at once would
+    run the GPU out of memory beside the executor and referee. Each plan takes its share before it starts (at most
+    the whole budget, so one always runs) and gives it back when it is done."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget, self.free = budget, budget
+        self._cond = threading.Condition()
+
+    def need(self, evaluation) -> int:
+        """What planning this evaluation's candidate takes (0 without a budget: no GPU)."""
+        if self.budget is None:
+            return 0
+        return min(self.budget, PLANNER_GPU_BYTES + 2 * evaluation.target.input_bytes(False))
+
+    def take(self, nbytes: int) -> None:
+        if self.budget is None:
+            return
+        with self._cond:
+            self._cond.wait_for(lambda: self.free >= nbytes)
+            self.free -= nbytes
+
+    def give(self, nbytes: int) -> None:
+        if self.budget is None:
+            return
+        with self._cond:
+            self.free += nbytes
+            self._cond.notify_all()
 
 
 class DeviceLost(Exception):
@@ -127,6 +160,7 @@ class Pipeline:
         self._closing = False
         self._seq = itertools.count(1)
         self._planners = ThreadPoolExecutor(max_workers=session.planners, thread_name_prefix="kloop-planner")
+        self.memory = MemoryGate(session.planning_memory())
         self._devices: list[threading.Thread] = []
         self.lost = 0   # candidates taken back from a lost device
         for device in session.devices:
@@ -159,10 +193,14 @@ class Pipeline:
             job.evaluation.close()
             job._set()
             return
+        need = self.memory.need(job.evaluation)
+        self.memory.take(need)
         try:
             job.evaluation.plan()
         except BaseException as e:  # noqa: BLE001 (re-raised in the thread that waits for the stage)
             job.error = e
+        finally:
+            self.memory.give(need)
         job.times["planned"] = time.perf_counter()
         with self._cond:
             self._planning.discard(job)

@@ -294,6 +294,10 @@ class RaySession:
         self.weakly_isolated = not self.isolation.startswith("bwrap")
         self._pipeline = Pipeline(self)
 
+    def planning_memory(self) -> int | None:
+        """No node-wide memory gate: Ray places the planning tasks on the cluster's nodes by their own resources."""
+        return None
+
     def _capacity(self) -> tuple[dict, int]:
         total = ray.cluster_resources()
         if total.get("GPU"):

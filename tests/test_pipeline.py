@@ -42,6 +42,9 @@ class FakeSession:
         self.lost.append(device.name)
         return None
 
+    def planning_memory(self):
+        return None
+
 
 class SlowEvaluation:
     """The evaluation interface the pipeline drives, with sleeps for its plan and device stages. 'broken' sources fail
@@ -466,3 +469,40 @@ def test_quiet_stops_every_listed_process_and_its_children_and_then_continues_th
             if p is not None:
                 pool._signal([p.proc.pid], signal.SIGKILL)  # the process and the sleep it started
                 p.proc.wait()
+
+
+def test_the_memory_gate_lets_plans_hold_no_more_than_the_budget():
+    """Planners at KernelBench's full sizes: each plan takes its inputs' share of the GPU budget before it starts."""
+    import threading
+    import time
+
+    from sandbox.pipeline import PLANNER_GPU_BYTES, MemoryGate
+
+    class Big:  # an evaluation of a target with 6 GiB of inputs: one plan needs 1 + 2 x 6 GiB
+        class target:
+            def input_bytes(small):
+                return 6 << 30
+
+    gate = MemoryGate(30 << 30)
+    need = gate.need(Big())
+    assert need == PLANNER_GPU_BYTES + (12 << 30)
+    held, peak, lock = [0], [0], threading.Lock()
+
+    def plan():
+        gate.take(need)
+        with lock:
+            held[0] += need
+            peak[0] = max(peak[0], held[0])
+        time.sleep(0.05)
+        with lock:
+            held[0] -= need
+        gate.give(need)
+
+    threads = [threading.Thread(target=plan) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert peak[0] == 2 * need and gate.free == gate.budget       # two at a time fit in 30 GiB, never three
+    assert MemoryGate(8 << 30).need(Big()) == 8 << 30              # more than the budget: one plan at a time
+    assert MemoryGate(None).need(Big()) == 0                       # no GPU, no gate

@@ -84,6 +84,19 @@ class Target:
         """The checked shapes: the main shape first, then the hidden variants."""
         return [dict(shape) for shape in self._plan(small)[0]]
 
+    def input_bytes(self, small: bool) -> int:
+        """Bytes of one set of inputs at the main shape (get_inputs on the meta device; 0 where that fails)."""
+        key = ("input_bytes", small)
+        if key not in self._plans:
+            try:
+                module = self.module_for(self.shapes(small)[0])
+                with torch.device("meta"):
+                    inputs = module.get_inputs()
+                self._plans[key] = sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
+            except Exception:
+                self._plans[key] = 0
+        return self._plans[key]
+
     def shape_note(self, small: bool) -> str:
         """One line on where shapes(small) came from."""
         return self._plan(small)[1]
