@@ -163,6 +163,8 @@ def _summary_lines(report_json: Path) -> list[str]:
         lines.append("fast_1 " + f"{counts['eager']['1']} vs eager, {counts['compile']['1']} vs torch.compile; "
                      + "geomean (verified) " + ", ".join(
                          f"{(s['geomean'][b]['verified_only'] or 0):.2f}x {b}" for b in ("eager", "compile")))
+    elif s["finished"] == 0:
+        lines.append("no problem finished yet: nothing to time")
     else:
         lines.append("no CUDA GPU: nothing was timed (no speedups)")
     return lines

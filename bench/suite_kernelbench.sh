@@ -8,7 +8,7 @@
 #                unpacked first: carry back the suite.db.gz a previous call left in $OUT (as runs/suite-level1.db.gz)
 #                and this call continues where that one stopped (finished problems are skipped; the one in flight
 #                is resumed).
-#   Environment: LEVELS (1), MAX_ATTEMPTS (3), JOBS (8 starters generated in parallel), BUDGET_S (400: seconds
+#   Environment: LEVELS (1), PROBLEMS (globs of --problems; default all), MAX_ATTEMPTS (3), JOBS (8 starters generated in parallel), BUDGET_S (400: seconds
 #   `kloop suite` runs before it is stopped with SIGINT, as Ctrl-C: the problem in flight is marked stopped, the
 #   report is written), OUT (out/).
 #
@@ -42,6 +42,7 @@ if [ ! -f "$DB" ] && [ -f "$DB.gz" ]; then
 fi
 
 args=("$KB" --levels "$LEVELS" --policy offline --max-attempts "$MAX_ATTEMPTS" --db "$DB" --out "$OUT/report")
+[ -n "${PROBLEMS:-}" ] && args+=(--problems "$PROBLEMS")
 # --foreground: SIGINT reaches kloop alone, which stops its evaluator and generators itself; -k: a hard stop after
 timeout --foreground -s INT -k 45 "$BUDGET_S" python3 -m agent.cli suite "${args[@]}" --jobs "$JOBS" 2>&1 \
     | tee "$OUT/suite.log"
