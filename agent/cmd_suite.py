@@ -35,7 +35,7 @@ def suite_command(
     language: str = typer.Option("auto", help="triton, ptx or auto."),
     model: Optional[str] = typer.Option(None, help="Model id for the anthropic/openai policies."),
     base_url: Optional[str] = typer.Option(None, help="API base URL for the anthropic/openai policies."),
-    jobs: Optional[int] = typer.Option(None, min=1, help="Offline policy: starters generated in parallel before the first run (default: half the CPU cores, at most 8)."),
+    jobs: Optional[int] = typer.Option(None, min=1, help="Offline policy: starters generated in parallel, for the next JOBS problems at a time (default: half the CPU cores, at most 8)."),
     report_only: bool = typer.Option(False, "--report-only", help="Write the report from the database; run nothing."),
     gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU (default: this process's GPU)."),
     ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU (pip install -e '.[ray]')."),

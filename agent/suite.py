@@ -11,8 +11,9 @@ Bookkeeping lives in two tables of the run database, beside runs/attempts/messag
   of what makes two runs comparable (policy, model, base URL, language, budget, strategy), so a problem finished
   with the same settings and the same source is skipped, and a changed budget or problem file runs anew;
 - `suite_starters`: the offline policy's Inductor starters (agent/kernels/inductor.py), or the reason there is
-  none, per problem source, device kind and torch version. They are generated before the first loop, in parallel
-  child processes (`jobs`), so no generation competes with a timed kernel, and a resumed suite reuses them.
+  none, per problem source, device kind and torch version. They are generated `jobs` problems at a time, in
+  parallel child processes, just before those problems run (never while a kernel is timed), so a suite stopped by
+  its budget has results for its first problems, and a resumed suite reuses them.
 
 A problem's run is recorded as `running` before its loop starts, so after `kill -9` the next call resumes that run
 (agent.run.resume: at most the attempt in flight is lost); Ctrl-C marks it `stopped` (resumed the same way) and
@@ -274,14 +275,15 @@ def cached_starter(store: Store, sha: str) -> dict | None:
             "seconds": row["seconds"]}
 
 
-def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], None]) -> None:
-    """Generate the Inductor starters the plan's offline runs still need, `plan.jobs` at a time (each in its own
-    child process), and keep each, or its reason, in suite_starters as it arrives. Generations that ran out of
-    memory beside others are tried again one at a time."""
+def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
+                     items: list[tuple[Problem, str]] | None = None) -> None:
+    """Generate the Inductor starters that `items` (default: the whole plan) still need for offline runs,
+    `plan.jobs` at a time (each in its own child process), and keep each, or its reason, in suite_starters as it
+    arrives. Generations that ran out of memory beside others are tried again one at a time."""
     if plan.policy != "offline":
         return
     todo: dict[str, Problem] = {}
-    for problem, strategy in plan.items():
+    for problem, strategy in plan.items() if items is None else items:
         if not problem.path.is_file():
             continue
         sha = source_sha256(problem.path)
@@ -346,13 +348,15 @@ def run_suite(store: Store, plan: SuitePlan, on_event: Callable[[dict], None] = 
     evaluator session; returns the plan's rows (rows_of). Ctrl-C: the problem in flight is marked stopped and
     KeyboardInterrupt re-raised."""
     ensure_tables(store)
-    prepare_starters(store, plan, on_event)
     items = plan.items()
     own = session is None
     if own:  # one evaluator for every problem: its planners, executors and referees stay warm
         session = runs.evaluator_session(plan.run_settings(items[0][0], items[0][1]) if items else plan.evaluator)
     try:
         for index, (problem, strategy) in enumerate(items):
+            if index % plan.jobs == 0:  # the next `jobs` problems' starters, side by side: a suite stopped by its
+                # budget has run problems rather than only generated starters for all of them
+                prepare_starters(store, plan, on_event, items[index:index + plan.jobs])
             on_event({"kind": "problem", "index": index, "total": len(items), "problem": problem.key,
                       "strategy": strategy, **tally(store, rows_of(store, plan))})
             row = _run_problem(store, plan, problem, strategy, on_event, session)
