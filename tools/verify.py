@@ -10,6 +10,10 @@ Tolerances per dtype (an element passes when |out - ref| <= atol + rtol * |ref|)
 | bfloat16 | 2e-2 | 2e-2 |
 | integers, bool | exact | exact |
 
+The spread trial (inputs drawn from [0, 1) mapped to [-4, 4), sandbox/referee.py) is judged against the output's
+scale: atol grows by rtol * max|ref|, since sums of terms of both signs cancel (a cumsum's or a sum's rounding error
+follows the terms' magnitude, not the result's); a kernel that skips the op on negative inputs is off by O(1) there.
+
 NaN and infinity must sit at the same positions (infinities with the same sign); they are left out of the numeric
 comparison. TF32 is off for reference and candidate alike (tools/numerics.py), so float32 means float32.
 Work is done in slices of about CHUNK elements along the first dimension, so comparing a 6 GB output costs a few
@@ -51,8 +55,9 @@ def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return t.reshape(1) if t.dim() == 0 else t[start:stop].reshape(-1)
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0) -> tuple[list[str], dict]:
-    """Reasons the output is wrong (empty if right) and the error statistics."""
+def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0, to_scale: bool = False) -> tuple[list[str], dict]:
+    """Reasons the output is wrong (empty if right) and the error statistics. to_scale: atol grows by
+    rtol * max|ref| (the spread trial)."""
     if out.dtype != ref.dtype:
         return [f"output {index} has dtype {out.dtype}, expected {ref.dtype}"], {}
     if tuple(out.shape) != tuple(ref.shape):
@@ -66,10 +71,22 @@ def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0) -> tuple[list[
         return ([f"output {index}: {wrong} of {ref.numel()} elements differ (exact match required)"] if wrong
                 else []), stats
     atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
+    if to_scale:
+        atol = float(f"{atol + rtol * finite_abs_max(ref):.3g}")
     fast = _fast_pass(out, ref, atol, rtol)
     if fast is not None:
         return [], {"max_abs_err": fast[0], "max_rel_err": fast[1], "mismatches": 0, "atol": atol, "rtol": rtol}
     return _exact(out, ref, index, atol, rtol)
+
+
+def finite_abs_max(t: torch.Tensor) -> float:
+    """The largest finite |element| (0.0 if none), a slice at a time."""
+    best = torch.zeros((), dtype=torch.float64, device=t.device)
+    for start, stop in _slices(tuple(t.shape)):
+        rows = _rows(t, start, stop)
+        if rows.numel():
+            best = torch.maximum(best, torch.nan_to_num(rows.abs().double(), nan=0.0, posinf=0.0).max())
+    return float(best)
 
 
 def _fast_pass(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:

@@ -1,0 +1,40 @@
+"""tools/verify.py: the tolerance rule, and the spread trial's rule against the output's scale."""
+import torch
+
+from tools import verify
+
+
+def _blocked_cumsum(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """A scan as a GPU kernel does it: each block summed on its own, then the carries, all in float32."""
+    rows, n = x.shape
+    parts = torch.cumsum(x.reshape(rows, n // block, block), dim=2)
+    carries = torch.cumsum(parts[:, :, -1], dim=1) - parts[:, :, -1]
+    return (parts + carries[:, :, None]).reshape(rows, n)
+
+
+def test_a_scan_over_terms_of_both_signs_is_judged_against_the_outputs_scale():
+    torch.manual_seed(0)
+    x = torch.rand(4, 1 << 20) * 8 - 4                      # the spread trial's inputs; partial sums reach ~3000
+    ref, out = torch.cumsum(x, dim=1), _blocked_cumsum(x)
+    elementwise, _ = verify.compare(out, ref)
+    assert elementwise and "elements outside atol=0.0001" in elementwise[0]   # rounding, where the sum nears 0
+    reasons, stats = verify.compare(out, ref, to_scale=True)
+    assert reasons == [] and 0.2 < stats["atol"] < 0.5 and stats["max_abs_err"] < 1e-3
+    on_unit, _ = verify.compare(_blocked_cumsum(x.add(4).div(8)), torch.cumsum(x.add(4).div(8), dim=1))
+    assert on_unit == []                                    # on [0, 1) the sums only grow: elementwise holds
+
+
+def test_the_outputs_scale_still_catches_an_op_skipped_below_0():
+    torch.manual_seed(0)
+    x = torch.rand(4096, 512) * 8 - 4
+    reasons, stats = verify.compare(x.clone(), torch.relu(x), to_scale=True)   # a copy passes ReLU on [0, 1)
+    assert reasons and stats["atol"] == 0.0005 and stats["mismatches"] > 0.45 * x.numel()
+    nan = torch.relu(x)
+    nan[7, 7] = float("nan")
+    assert "NaN positions differ" in verify.compare(nan, torch.relu(x), to_scale=True)[0][0]
+
+
+def test_finite_abs_max_ignores_nan_and_infinity():
+    t = torch.tensor([[1.0, -3.5], [float("nan"), float("-inf")]])
+    assert verify.finite_abs_max(t) == 3.5
+    assert verify.finite_abs_max(torch.full((3,), float("nan"))) == 0.0
