@@ -240,7 +240,7 @@ def planners_for(settings: dict, devices: int, target=None) -> int:
     by_cores = max(1, min(16 * devices, cores - 2 * devices - 1))
     from sandbox.pipeline import PLANNER_GPU_BYTES, PLANNER_MEMORY_SHARE
 
-    per_planner = PLANNER_GPU_BYTES + 2 * (target.input_bytes(False) if target is not None else 0)
+    per_planner = PLANNER_GPU_BYTES + (target.io_bytes(False) if target is not None else 0)
     per_gpu = int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE // per_planner)
     return max(1, min(by_cores, per_gpu * devices))
 

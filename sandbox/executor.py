@@ -147,7 +147,8 @@ class Executor:
                 old[:] = [h if isinstance(h, torch.Tensor) else f for h, f in zip(old, new)]
                 return {"status": "ok"}
             del new
-        self.held.clear()  # free the old set first: at full size two may not fit
+        old = None  # free the old set first (this name kept it alive too): at full size two may not fit
+        self.held.clear()
         self.held_shared = None
         self.held[shape] = make_inputs(self.shapes[shape], seed, spread=bool(spread))
         return {"status": "ok"}
@@ -196,14 +197,13 @@ class Executor:
         loaded = self.loaded[key]
         inputs = self.held[loaded.shape]
         if self.cuda:
-            from sandbox.ipc import describe
+            from sandbox.ipc import describe_all
 
             if loaded.shared is None:
-                loaded.shared = [describe(t, stable=True) for t in loaded.outputs]
+                loaded.shared = describe_all(loaded.outputs, stable=True)
             stable = _bytes(inputs) <= self._in_place_limit()
             if self.held_shared is None or not stable:
-                self.held_shared = [describe(x, stable=stable) if isinstance(x, torch.Tensor) else None
-                                    for x in inputs]
+                self.held_shared = describe_all(inputs, stable=stable)
             return {"status": "ok", "outputs": loaded.shared, "inputs": self.held_shared}
         files = {"outputs": [], "inputs": []}
         Path(dir).mkdir(exist_ok=True)

@@ -24,6 +24,25 @@ def describe(t: torch.Tensor, stable: bool = False) -> dict:
             "storage_offset": t.storage_offset(), "stable": bool(stable)}
 
 
+def describe_all(tensors: list, stable: bool = False) -> list[dict | None]:
+    """describe() for each tensor (None for what is no tensor), sharing each storage once: every share of a storage
+    is counted until the other process maps and drops it once, so a storage shared twice and mapped once (two outputs
+    viewing one buffer) would never be freed. Views of one storage get the same handle with their own layout."""
+    shared: dict[int, dict] = {}
+    descs: list[dict | None] = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            descs.append(None)
+            continue
+        base = shared.get(t.untyped_storage().data_ptr())
+        if base is None:
+            descs.append(shared.setdefault(t.untyped_storage().data_ptr(), describe(t, stable)))
+        else:
+            descs.append(dict(base, dtype=str(t.dtype).removeprefix("torch."), shape=list(t.shape),
+                              stride=list(t.stride()), storage_offset=t.storage_offset()))
+    return descs
+
+
 def open_storage(desc: dict) -> torch.UntypedStorage:
     """The other process's storage behind a description, mapped here (nothing is copied)."""
     unb64 = lambda s: base64.b64decode(s) if s else None  # noqa: E731

@@ -37,10 +37,10 @@ PLANNER_MEMORY_SHARE = 0.4    # of the GPUs' memory, at most, for the planners o
 
 
 class MemoryGate:
-    """Bytes of GPU memory the planners may hold at once. A planner makes the target's inputs (and its forward may
-    allocate as much again): at KernelBench's full sizes (12 GB of inputs for a ReLU) a dozen planners at once would
-    run the GPU out of memory beside the executor and referee. Each plan takes its share before it starts (at most
-    the whole budget, so one always runs) and gives it back when it is done."""
+    """Bytes of GPU memory the planners may hold at once. A planner makes the target's inputs and its forward makes
+    the outputs (tools.target.Target.io_bytes): at KernelBench's full sizes (12 GB of inputs for a ReLU) a dozen
+    planners at once would run the GPU out of memory beside the executor and referee. Each plan takes its share
+    before it starts (at most the whole budget, so one always runs) and gives it back when it is done."""
 
     def __init__(self, budget: int | None) -> None:
         self.budget, self.free = budget, budget
@@ -50,7 +50,7 @@ class MemoryGate:
         """What planning this evaluation's candidate takes (0 without a budget: no GPU)."""
         if self.budget is None:
             return 0
-        return min(self.budget, PLANNER_GPU_BYTES + 2 * evaluation.target.input_bytes(False))
+        return min(self.budget, PLANNER_GPU_BYTES + evaluation.target.io_bytes(False))
 
     def take(self, nbytes: int) -> None:
         if self.budget is None:

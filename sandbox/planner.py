@@ -85,6 +85,7 @@ class Planner:
         try:
             with torch.no_grad():
                 for _ in range(records + MAX_RECORDS):
+                    out = None  # the last call's outputs go before the next call makes its own (full size: GBs)
                     # Only the first recording keeps its files; the others are only compared with it.
                     with record.recording(None if plans else out_dir, self.inputs) as recorder:
                         out = self.model(*self.inputs)

@@ -67,6 +67,7 @@ def text_of(result) -> str:
     ("tiny_layernorm", "honest_layernorm_split"),
     ("tiny_linear", "honest_linear"),
     ("tiny_scale2d", "honest_tma_desc"),
+    ("kb_two_outputs", "honest_one_buffer_two_outputs"),
 ])
 def test_honest_kernels_of_every_kind_are_credited(session, target, name):
     r = judge(load_target(str(TARGETS / f"{target}.py")), name, session)
@@ -381,6 +382,49 @@ def test_outputs_of_the_wrong_shape_leave_no_memory_behind(session):
     for _ in range(4):
         r = judge_source(target, source, session)
         assert r.verdict == "incorrect" and "shape" in r.reasons[0], r.reasons
+        free.append(torch.cuda.mem_get_info()[0])
+    assert free[0] - free[-1] < 128 * 2**20, [f / 2**30 for f in free]
+
+
+def test_the_trusted_processes_free_a_set_of_inputs_before_making_the_next(tmp_path, monkeypatch):
+    """At KernelBench's full sizes one set of inputs is gigabytes: the executor and the referee each hold one set at
+    a time (two did not fit beside the planner's on an 80 GB H100)."""
+    import weakref
+
+    from sandbox import executor, referee
+    from tools import inputs
+
+    source = (TARGETS / "tiny_add.py").read_text()
+    ex, ref = executor.Executor(tmp_path), referee.Referee()
+    ex.shape("s", source, {})
+    ref.shape("s", source, {}, 0)
+    for module, new_set, held in ((executor, lambda seed: ex.inputs("s", seed), lambda: ex.held["s"]),
+                                  (referee, lambda seed: ref._inputs("s", seed), lambda: ref.held["s"][1])):
+        new_set(1)
+        old = weakref.ref(held()[0])
+        alive_when_making = []
+
+        def make(*args, **kwargs):
+            alive_when_making.append(old() is not None)
+            return inputs.make_inputs(*args, **kwargs)
+
+        monkeypatch.setattr(module, "make_inputs", make)
+        new_set(2)
+        assert alive_when_making == [False], module.__name__
+
+
+@pytest.mark.gpu
+def test_outputs_viewing_one_buffer_leave_no_memory_behind(session):
+    # Both outputs share one storage: shared twice and mapped once, CUDA IPC would keep its 512 MiB counted for good
+    # (four evaluations, 1.5 GiB held).
+    import torch
+
+    target = load_target(str(TARGETS / "kb_two_outputs.py"))
+    source = (CANDIDATES / "honest_one_buffer_two_outputs.py").read_text()
+    free = []
+    for _ in range(4):
+        r = judge_source(target, source, session)
+        assert r.verdict == "correct", r.reasons
         free.append(torch.cuda.mem_get_info()[0])
     assert free[0] - free[-1] < 128 * 2**20, [f / 2**30 for f in free]
 

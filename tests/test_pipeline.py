@@ -478,10 +478,10 @@ def test_the_memory_gate_lets_plans_hold_no_more_than_the_budget():
 
     from sandbox.pipeline import PLANNER_GPU_BYTES, MemoryGate
 
-    class Big:  # an evaluation of a target with 6 GiB of inputs: one plan needs 1 + 2 x 6 GiB
+    class Big:  # an evaluation of a target with 6 GiB of inputs and 6 of outputs: one plan needs 1 + 12 GiB
         class target:
-            def input_bytes(small):
-                return 6 << 30
+            def io_bytes(small):
+                return 12 << 30
 
     gate = MemoryGate(30 << 30)
     need = gate.need(Big())

@@ -220,6 +220,22 @@ def test_a_reference_without_meta_kernels_is_checked_on_the_cpu(tmp_path):
     assert small[0] == {"batch_size": 32, "dim": 384} and len(small) == 3
 
 
+def test_io_bytes_counts_inputs_and_outputs_at_the_main_shape_without_memory(tmp_path):
+    """What a planner holds at full size (the pipeline's memory gate): the outputs count, however small the
+    inputs are (an outer product), and a reference with no meta version counts its outputs as its inputs."""
+    outer = tmp_path / "outer.py"
+    outer.write_text("import torch\nN = 40000\n\nclass Model(torch.nn.Module):\n"
+                     "    def forward(self, a, b):\n        return a[:, None] * b[None, :]\n\n"
+                     "def get_inputs():\n    return [torch.rand(N), torch.rand(N)]\n\n"
+                     "def get_init_inputs():\n    return []\n")
+    assert load_target(str(outer)).io_bytes(False) == 4 * (2 * 40000 + 40000 * 40000)   # 6.4 GB, nothing allocated
+    assert load_target(str(KB["cross_entropy"])).io_bytes(False) == 4 * 1024 * 1000 + 8 * 1024 + 4
+    no_meta = tmp_path / "no_meta.py"
+    no_meta.write_text(KB["leaky_relu"].read_text().replace(
+        "return torch.nn.functional.leaky_relu(x, self.negative_slope)", "return x * x.abs().max().item()"))
+    assert load_target(str(no_meta)).io_bytes(False) == 2 * 4 * 256 * 3072
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not KERNELBENCH_LEVEL1.is_dir(), reason="KernelBench is not checked out in kernelbench/")
 def test_every_kernelbench_level1_problem_gets_shapes():

@@ -84,17 +84,13 @@ class Target:
         """The checked shapes: the main shape first, then the hidden variants."""
         return [dict(shape) for shape in self._plan(small)[0]]
 
-    def input_bytes(self, small: bool) -> int:
-        """Bytes of one set of inputs at the main shape (get_inputs on the meta device; 0 where that fails)."""
-        key = ("input_bytes", small)
+    def io_bytes(self, small: bool) -> int:
+        """Bytes of one set of inputs and the outputs at the main shape: get_inputs and the reference on the meta
+        device (no memory, no kernels); twice the inputs where the reference has no meta version, 0 where even
+        get_inputs fails there."""
+        key = ("io_bytes", small)
         if key not in self._plans:
-            try:
-                module = self.module_for(self.shapes(small)[0])
-                with torch.device("meta"):
-                    inputs = module.get_inputs()
-                self._plans[key] = sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
-            except Exception:
-                self._plans[key] = 0
+            self._plans[key] = _meta_io_bytes(self.module_for(self.shapes(small)[0]))
         return self._plans[key]
 
     def shape_note(self, small: bool) -> str:
@@ -183,22 +179,48 @@ def load_target(spec: str) -> Target:
 
 
 
+def _meta_io_bytes(module: ModuleType) -> int:
+    nbytes = lambda xs: sum(x.untyped_storage().nbytes() for x in xs if isinstance(x, torch.Tensor))  # noqa: E731
+    try:
+        with torch.device("meta"):
+            inputs = module.get_inputs()
+    except Exception:
+        return 0
+    try:
+        with torch.device("meta"), torch.no_grad():
+            out = module.Model(*module.get_init_inputs())(*inputs)
+        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+    except Exception:
+        return 2 * nbytes(inputs)
+    return nbytes(inputs) + nbytes(outputs)
+
+
 def check_reference(target: Target) -> None:
     """A target whose own reference fails is the user's problem, said in one line (TargetError) before any candidate
     runs: its Model runs once at every checked shape (CPU sizes without a GPU)."""
-    from tools.inputs import DEVICE, make_inputs
+    from tools.inputs import DEVICE
 
     for shape in target.shapes(small=DEVICE.type != "cuda"):
-        try:
-            module = target.module_for(shape)
-            with torch.no_grad():
-                model = module.Model(*module.get_init_inputs()).to(DEVICE)
-                model(*make_inputs(module, 0))
-        except TargetError:
-            raise
-        except Exception as e:
-            raise TargetError(f"target {target.name}: the reference fails at {shape or 'its main shape'}: "
-                              f"{type(e).__name__}: {e}".splitlines()[0]) from None
+        failure = _reference_failure(target, shape)
+        if DEVICE.type == "cuda":  # at full size the run's tensors held tens of GB in kloop's own process for good
+            torch.cuda.empty_cache()
+        if failure:
+            raise TargetError(f"target {target.name}: the reference fails at {shape or 'its main shape'}: {failure}")
+
+
+def _reference_failure(target: Target, shape: dict) -> str | None:
+    """Why the reference fails at `shape`, in one line; None when it runs. Nothing it made outlives the call (an
+    exception's frames would keep its tensors)."""
+    from tools.inputs import DEVICE, make_inputs
+
+    module = target.module_for(shape)
+    try:
+        with torch.no_grad():
+            model = module.Model(*module.get_init_inputs()).to(DEVICE)
+            model(*make_inputs(module, 0))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    return None
 
 
 def shown_source(source: str) -> str:
