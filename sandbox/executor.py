@@ -150,6 +150,8 @@ class Executor:
         old = None  # free the old set first (this name kept it alive too): at full size two may not fit
         self.held.clear()
         self.held_shared = None
+        if self.cuda:
+            torch.cuda.ipc_collect()  # shared blocks the referee has let go of are only freed here
         self.held[shape] = make_inputs(self.shapes[shape], seed, spread=bool(spread))
         return {"status": "ok"}
 
