@@ -244,11 +244,13 @@ def speedup_figure(results: list[dict], gpu_name: str | None, strategy: str | No
         top.plot(missing, [0.03] * len(missing), "x", color="tab:red", transform=top.get_xaxis_transform(),
                  clip_on=False, label="no verified kernel")
     top.set_yscale("log")
-    top.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    top.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
-    top.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     top.axhline(1.0, color="gray", linestyle="--", linewidth=0.8)
     lo, hi = top.get_ylim()
+    # within a decade 1-2-5 leaves a lone "1x": 1.54x could not be read off the axis
+    subs = (1.0, 2.0, 5.0) if hi / lo > 10 else (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)
+    top.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    top.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+    top.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     top.set_ylim(lo / 1.6 if missing else lo, hi)     # a band below every speedup for the crosses
     top.xaxis.set_major_locator(MaxNLocator(integer=True))
     top.set_xlabel("problem (sorted by speedup over torch.compile)")
