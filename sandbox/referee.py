@@ -79,8 +79,14 @@ class Referee:
         held = self.held.get(shape)
         if held and held[0] == (seed, spread):
             return held[1]
+        # give a large or another shape's set back to the device when it is freed: a smaller set carved out of its
+        # cached blocks leaves them too small for the next full-size one, which then takes new ones
+        give_back = self.cuda and (shape not in self.held or held is not None and
+                                   _nbytes(held[1] + held[2]) > _total_memory() * LARGE_FRACTION)
         held = None  # free the old set before making the new one (this name kept it alive too): two may not fit
         self.held.clear()
+        if give_back:
+            torch.cuda.empty_cache()
         inputs = make_inputs(self.modules[shape], seed, spread=spread)
         self.held[shape] = ((seed, spread), inputs, [])
         return inputs
@@ -202,8 +208,10 @@ class Referee:
         """One timed call of the reference (eager) or of torch.compile's version of it, on this seed's inputs."""
         inputs = self._inputs(shape, seed)
         expected = self.held[shape][2]
-        if name != "eager" and self.cuda and _nbytes(expected) > _total_memory() * LARGE_FRACTION:
-            expected.clear()  # a third full-size tensor beside inputs and outputs: the check computes it again
+        if self.cuda and _nbytes(expected) > _total_memory() * LARGE_FRACTION:
+            # a second full-size output beside it may not fit: eager's output takes its place (below); after a
+            # compiled call the next check computes it again
+            expected.clear()
         del expected
         fn = self.models[shape] if name == "eager" else self._compiled(shape)
         with torch.no_grad():
@@ -259,8 +267,8 @@ class Referee:
         return {"status": "ok", "gpu": gpu_info(DEVICE.index or 0) if self.cuda else None}
 
 
-def _nbytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.untyped_storage().nbytes() for t in tensors)
+def _nbytes(values: list) -> int:
+    return sum(t.untyped_storage().nbytes() for t in values if isinstance(t, torch.Tensor))
 
 
 def _total_memory() -> int:

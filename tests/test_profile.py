@@ -5,6 +5,7 @@ import time
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from tools import profile
 from tools.profile import (NcuError, count_bytes_and_flops, decode_clock_event_reasons, gpu_info, ncu_command,
@@ -229,6 +230,33 @@ def test_count_bytes_counts_a_repeated_input_once_and_weights():
     moved, flops = count_bytes_and_flops(linear, [torch.randn(4, 16)], torch.empty(4, 8))
     assert moved == (4 * 16 + 16 * 8 + 8 + 4 * 8) * 4
     assert flops == 2 * 4 * 16 * 8
+
+
+class MatMulOfPositives(torch.nn.Module):
+    """A matmul after a boolean mask: its shape depends on the data, which fake tensors cannot know."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[bool] = []
+
+    def forward(self, a, b):
+        self.seen.append(isinstance(a, FakeTensor))
+        return a[a[:, 0] > 0] @ b
+
+
+def test_count_flops_runs_the_forward_on_fake_tensors_where_shapes_allow():
+    """At full size a real extra forward costs an output's worth of GPU memory; fake tensors cost none."""
+    a, b = torch.randn(64, 32), torch.randn(32, 48)
+    linear = torch.nn.Linear(32, 8)
+    weight = linear.weight.detach().clone()
+    seen = []
+    linear.register_forward_pre_hook(lambda module, args: seen.append(isinstance(args[0], FakeTensor)))
+    assert count_bytes_and_flops(linear, [a], linear(a))[1] == 2 * 64 * 32 * 8
+    assert seen == [False, True] and torch.equal(linear.weight, weight)   # our call real, the count's fake
+    masked = MatMulOfPositives()
+    rows = int((a[:, 0] > 0).sum())
+    assert count_bytes_and_flops(masked, [a, b], torch.empty(rows, 48))[1] == 2 * rows * 32 * 48
+    assert masked.seen == [True, False]                                    # fake first, then for real
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answers")

@@ -5,6 +5,7 @@ Imports of torch / pynvml happen inside the functions so this module loads anywh
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import io
@@ -327,18 +328,30 @@ def count_bytes_and_flops(model, inputs, outputs) -> tuple[int, int]:
     """(unique bytes read and written, FLOPs) of one forward: the minimum traffic a perfect kernel must move.
 
     Bytes: distinct input storages (parameters and buffers included: a kernel must read its weights) plus outputs.
-    FLOPs: torch's FlopCounterMode over model(*inputs); elementwise ops count 0 (they are memory-bound anyway).
+    FLOPs: torch's FlopCounterMode over model(*inputs); elementwise ops count 0 (they are memory-bound anyway). The
+    forward runs on fake tensors (shapes only: at KernelBench's full size a real one needs another output's worth
+    of GPU memory and its intermediates), and for real only where fake tensors cannot run it (data-dependent shapes).
     """
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
     weights = list(model.parameters()) + list(model.buffers()) if isinstance(model, torch.nn.Module) else []
     read_bytes = _unique_bytes(_tensors_in(list(inputs)) + weights)
     written_bytes = _unique_bytes(_tensors_in(outputs))
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(*inputs)
-    return read_bytes + written_bytes, int(counter.get_total_flops())
+
+    def flops(mode, args) -> int:
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), mode, counter:
+            model(*args)
+        return int(counter.get_total_flops())
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True)   # the weights stay real: faked as they are met, not copied
+    try:
+        total = flops(fake, [fake.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs])
+    except Exception:   # data-dependent shapes (nonzero, boolean masks): run it for real
+        total = flops(contextlib.nullcontext(), inputs)
+    return read_bytes + written_bytes, total
 
 
 def _dtype_key(dtype) -> str | None:
