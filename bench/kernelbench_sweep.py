@@ -1,12 +1,15 @@
 """Every problem of a KernelBench-style folder, at full size, judged against one candidate (not a test).
 
     python bench/kernelbench_sweep.py kernelbench/level1 tests/candidates/copy_input.py --out sweep.jsonl \
-        [--problems '19_*,33_*'] [--seconds 300]
+        [--problems '19_*,33_*'] [--seconds 300] [--starters [--jobs 8]] [--baselines eager,compile]
 
 What it shows: that each problem gets a verdict (never a traceback or an out-of-memory crash of kloop), how long
 the evaluation took, and the peak GPU memory over all processes (NVML, sampled every 20 ms, above what was in use
-before). A copy candidate is wrong for nearly every problem: a `correct` is an evaluator hole worth a look.
-One JSON line per problem; a summary last.
+before; 0 without NVML) against the bytes of one set of inputs and outputs. A copy candidate is wrong for nearly
+every problem (a `correct` is an evaluator hole worth a look), so it is refused at its first trial; --starters judges
+each problem's Inductor starter instead, which is right for most and so goes through every stage (all trials, the
+timing, the baselines asked for): the evaluator's whole path at full size. One JSON line per problem, appended to
+--out; problems already there are skipped, so a stopped sweep goes on where it stopped. A summary last.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import json
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandbox.evaluate import EvalSettings, Session, evaluate
@@ -28,12 +32,15 @@ class PeakMemory:
     def __init__(self) -> None:
         import pynvml
 
-        pynvml.nvmlInit()
-        self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        try:
+            pynvml.nvmlInit()
+            self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except pynvml.NVMLError:   # no GPU: nothing to measure
+            self.nvml = None
         self.peak = self.base = 0
 
     def used(self) -> int:
-        return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used if self.nvml else 0
 
     def __enter__(self) -> "PeakMemory":
         self.base = self.peak = self.used()
@@ -61,37 +68,92 @@ def problems(folder: Path, patterns: list[str]) -> list[Path]:
     return [p for p in files if not patterns or any(fnmatch.fnmatch(p.name, pat) for pat in patterns)]
 
 
+def done_problems(out: Path) -> set[str]:
+    """Problems already in the output file (a sweep stopped by its budget goes on where it stopped)."""
+    if not out.exists():
+        return set()
+    return {json.loads(line)["problem"] for line in out.read_text().splitlines() if line.startswith("{")}
+
+
+def starters(paths: list[Path], jobs: int, timeout_s: float) -> dict[Path, tuple[str | None, str]]:
+    """Inductor's starter for each problem (agent.kernels.inductor), `jobs` generated side by side: (source, "") or
+    (None, why there is none)."""
+    from agent.kernels import inductor
+
+    def one(path: Path) -> tuple[str | None, str]:
+        try:
+            return inductor.generate(str(path), small=False, timeout_s=timeout_s).source, ""
+        except inductor.NoStarter as e:
+            return None, str(e)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        made = dict(zip(paths, pool.map(one, paths)))
+    for path, (source, why) in made.items():   # full-size generations side by side can fill the GPU: alone again
+        if source is None and "out of memory" in why.lower() and jobs > 1:
+            made[path] = one(path)
+    return made
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder", type=Path)
-    parser.add_argument("candidate", type=Path)
+    parser.add_argument("candidate", type=Path, help="a candidate file, judged against every problem; with "
+                        "--starters, the one judged where a problem has no Inductor starter")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--problems", default="", help="comma-separated globs of file names")
     parser.add_argument("--seconds", type=float, default=1e9, help="stop starting new problems after this long")
+    parser.add_argument("--starters", action="store_true", help="judge each problem's Inductor starter")
+    parser.add_argument("--jobs", type=int, default=8, help="starters generated side by side (before, not while, "
+                        "problems are judged, so that the peak memory is the evaluation's own)")
+    parser.add_argument("--generate-timeout", type=float, default=180.0)
+    parser.add_argument("--baselines", default="", help="comma-separated: eager, compile (default none)")
     args = parser.parse_args()
-    source = args.candidate.read_text()
+    fallback = args.candidate.read_text()
+    settings = dict(baselines=tuple(b for b in args.baselines.split(",") if b))
     started = time.perf_counter()
+    skip = done_problems(args.out)
+    todo = [p for p in problems(args.folder, [p for p in args.problems.split(",") if p]) if p.stem not in skip]
     verdicts: dict[str, int] = {}
     with Session(spares=2) as session, args.out.open("a") as out:
-        for path in problems(args.folder, [p for p in args.problems.split(",") if p]):
+        for first in range(0, len(todo), args.jobs if args.starters else len(todo) or 1):
             if time.perf_counter() - started > args.seconds:
                 break
-            began = time.perf_counter()
-            with PeakMemory() as memory:
-                try:
-                    r = evaluate(load_target(str(path)), source, EvalSettings(baselines=()), session)
-                    verdict, reason = r.verdict, (r.reasons or [""])[0]
-                    trials = r.correctness.trials if r.correctness else 0
-                except TargetError as e:
-                    verdict, reason, trials = "target_error", str(e), 0
-            row = {"problem": path.stem, "verdict": verdict, "first_reason": reason[:160], "trials": trials,
-                   "wall_s": round(time.perf_counter() - began, 1), "peak_gpu_mib_all_processes": memory.mib}
-            verdicts[verdict] = verdicts.get(verdict, 0) + 1
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-            print(f"{row['problem']:<45} {verdict:<14} {row['wall_s']:>6.1f} s {memory.mib:>7} MiB  {reason[:70]}",
-                  flush=True)
+            chunk = todo[first:first + args.jobs] if args.starters else todo
+            generated = starters(chunk, args.jobs, args.generate_timeout) if args.starters else {}
+            for path in chunk:
+                if time.perf_counter() - started > args.seconds:
+                    break
+                source, no_starter = generated.get(path, (None, "not asked for"))
+                row = judge(path, source or fallback, settings, session)
+                row["candidate"] = "starter" if source else args.candidate.name
+                if args.starters and not source:
+                    row["no_starter"] = no_starter[:160]
+                verdicts[row["verdict"]] = verdicts.get(row["verdict"], 0) + 1
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                print(f"{row['problem']:<45} {row['candidate'][:8]:<8} {row['verdict']:<14} {row['wall_s']:>6.1f} s "
+                      f"{row['peak_gpu_mib_all_processes']:>7} MiB {row['peak_over_io'] or 0:>5.2f}x io  "
+                      f"{row['first_reason'][:60]}", flush=True)
     print(json.dumps({"verdicts": verdicts, "seconds": round(time.perf_counter() - started)}))
+
+
+def judge(path: Path, source: str, settings: dict, session: Session) -> dict:
+    """One evaluation at full size: its verdict, wall time, and the peak GPU memory over all processes against the
+    bytes of one set of inputs and outputs (the evaluator promises at most 3x, plus the candidate's scratch)."""
+    began = time.perf_counter()
+    io_bytes = 0
+    with PeakMemory() as memory:
+        try:
+            target = load_target(str(path))
+            io_bytes = target.io_bytes(small=False)
+            r = evaluate(target, source, EvalSettings(**settings), session)
+            verdict, reason = r.verdict, (r.reasons or [""])[0]
+            trials = r.correctness.trials if r.correctness else 0
+        except TargetError as e:
+            verdict, reason, trials = "target_error", str(e), 0
+    return {"problem": path.stem, "verdict": verdict, "first_reason": reason[:160], "trials": trials,
+            "wall_s": round(time.perf_counter() - began, 1), "peak_gpu_mib_all_processes": memory.mib,
+            "io_mib": io_bytes >> 20, "peak_over_io": round((memory.mib << 20) / io_bytes, 2) if io_bytes else None}
 
 
 if __name__ == "__main__":
