@@ -27,16 +27,7 @@ BUDGET_S=${BUDGET_S:-400}
 began=$(date +%s)
 mkdir -p "$OUT/report" "$(dirname "$DB")"
 
-# The offline GPU image lacks langgraph, anthropic, sqlite-utils (README: On a GPU machine without network).
-if ! python3 -c "import langgraph, sqlite_utils" 2>/dev/null; then
-    [ -d .whl ] || { echo "error: no .whl/ to install langgraph and sqlite-utils from (../shared/gpu/wheels.sh)"; exit 2; }
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 2
-    export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD}
-if ! command -v bwrap >/dev/null && [ -z "${KLOOP_BWRAP:-}" ] && compgen -G ".debs/bubblewrap_*.deb" >/dev/null; then
-    dpkg -x .debs/bubblewrap_*.deb /tmp/bw && export KLOOP_BWRAP=/tmp/bw/usr/bin/bwrap
-fi
+source bench/gpu_env.sh
 if [ ! -f "$DB" ] && [ -f "$DB.gz" ]; then
     gunzip -c "$DB.gz" > "$DB" && echo "continuing the suite in $DB (from $DB.gz)"
 fi
