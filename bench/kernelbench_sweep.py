@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sandbox.evaluate import EvalSettings, Session, evaluate
-from tools.target import TargetError, load_target
+from tools.target import TargetError, check_reference, load_target
 
 
 class PeakMemory:
@@ -115,10 +115,11 @@ def main() -> None:
     todo = [p for p in problems(args.folder, [p for p in args.problems.split(",") if p]) if p.stem not in skip]
     verdicts: dict[str, int] = {}
     with Session(spares=2) as session, args.out.open("a") as out:
-        for first in range(0, len(todo), args.jobs if args.starters else len(todo) or 1):
+        step = args.jobs if args.starters else max(len(todo), 1)   # starters: generated a chunk at a time
+        for first in range(0, len(todo), step):
             if time.perf_counter() - started > args.seconds:
                 break
-            chunk = todo[first:first + args.jobs] if args.starters else todo
+            chunk = todo[first:first + step]
             generated = starters(chunk, args.jobs, args.generate_timeout) if args.starters else {}
             for path in chunk:
                 if time.perf_counter() - started > args.seconds:
@@ -139,21 +140,23 @@ def main() -> None:
 
 def judge(path: Path, source: str, settings: dict, session: Session) -> dict:
     """One evaluation at full size: its verdict, wall time, and the peak GPU memory over all processes against the
-    bytes of one set of inputs and outputs (the evaluator promises at most 3x, plus the candidate's scratch)."""
+    bytes of one set of inputs and outputs (the evaluator promises at most 3x, plus the candidate's scratch). The
+    reference is checked first, as kloop's commands do (a broken one is a target_error); that check is not timed."""
+    row = {"problem": path.stem, "verdict": "target_error", "trials": 0, "wall_s": 0.0,
+           "peak_gpu_mib_all_processes": 0, "io_mib": 0, "peak_over_io": None}
+    try:
+        target = load_target(str(path))
+        check_reference(target)
+    except TargetError as e:
+        return {**row, "first_reason": str(e)[:160]}
+    io_bytes = target.io_bytes(small=False)
     began = time.perf_counter()
-    io_bytes = 0
     with PeakMemory() as memory:
-        try:
-            target = load_target(str(path))
-            io_bytes = target.io_bytes(small=False)
-            r = evaluate(target, source, EvalSettings(**settings), session)
-            verdict, reason = r.verdict, (r.reasons or [""])[0]
-            trials = r.correctness.trials if r.correctness else 0
-        except TargetError as e:
-            verdict, reason, trials = "target_error", str(e), 0
-    return {"problem": path.stem, "verdict": verdict, "first_reason": reason[:160], "trials": trials,
-            "wall_s": round(time.perf_counter() - began, 1), "peak_gpu_mib_all_processes": memory.mib,
-            "io_mib": io_bytes >> 20, "peak_over_io": round((memory.mib << 20) / io_bytes, 2) if io_bytes else None}
+        r = evaluate(target, source, EvalSettings(**settings), session)
+    return {**row, "verdict": r.verdict, "first_reason": (r.reasons or [""])[0][:160],
+            "trials": r.correctness.trials if r.correctness else 0, "wall_s": round(time.perf_counter() - began, 1),
+            "peak_gpu_mib_all_processes": memory.mib, "io_mib": io_bytes >> 20,
+            "peak_over_io": round((memory.mib << 20) / io_bytes, 2) if io_bytes else None}
 
 
 if __name__ == "__main__":
