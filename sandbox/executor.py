@@ -19,9 +19,10 @@ Commands (JSON lines in, JSON lines out on the control fd), see sandbox/evaluate
     unload {key}
     release {deep}                               free the inputs (deep: and the allocator's cache)
 
-On a GPU, inputs small enough to be held twice are refreshed in place (new values from the seed, copied into the
-same buffers), so the buffers the referee maps stay the same for a whole candidate: their IPC handles are made
-once (`stable` in the description) and the referee keeps them mapped until `release`.
+On a GPU, small inputs are refreshed in place (new values from the seed, copied into the same buffers), so the
+buffers the referee maps stay the same while the shape does: their IPC handles are made once (`stable` in the
+description) and the referee keeps them mapped until it sees other inputs. Larger ones are freed before the next set
+is made (two sets of a large shape at once would not fit beside the referee's), and described afresh each time.
 """
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ class Loaded:
 
 # Inputs up to this fraction of the GPU's memory are refreshed in place (two sets are briefly alive); larger ones
 # are freed before the next set is made, and described afresh each time.
-IN_PLACE_FRACTION = 1 / 16
+IN_PLACE_FRACTION = 1 / 64
 
 
 class Executor:
@@ -147,14 +148,15 @@ class Executor:
                 old[:] = [h if isinstance(h, torch.Tensor) else f for h, f in zip(old, new)]
                 return {"status": "ok"}
             del new
+        another_shape = shape not in self.held
         old = None  # free the old set first (this name kept it alive too): at full size two may not fit
         self.held.clear()
         self.held_shared = None
         if self.cuda:
             torch.cuda.ipc_collect()  # shared blocks the referee has let go of are only freed here
-            # and give the freed blocks back: a smaller set (a hidden variant) carved out of a cached full-size
-            # block leaves the rest too small for the next full-size set, which would then take a second one
-            torch.cuda.empty_cache()
+            if another_shape:  # and give the freed blocks back: a smaller set (a hidden variant) carved out of a
+                # cached full-size block leaves the rest too small for the next full-size one, which takes a second
+                torch.cuda.empty_cache()
         self.held[shape] = make_inputs(self.shapes[shape], seed, spread=bool(spread))
         return {"status": "ok"}
 

@@ -38,3 +38,27 @@ def test_finite_abs_max_ignores_nan_and_infinity():
     t = torch.tensor([[1.0, -3.5], [float("nan"), float("-inf")]])
     assert verify.finite_abs_max(t) == 3.5
     assert verify.finite_abs_max(torch.full((3,), float("nan"))) == 0.0
+
+
+def test_a_near_miss_is_judged_against_the_float64_truth():
+    # E[x^2] - E[x]^2 in float32 far from 0: the reference is ~1.8 tolerances off the exact variance
+    torch.manual_seed(1)
+    x = 30 + torch.rand(64, 4096)
+    ref = (x * x).mean(1) - x.mean(1) ** 2
+    exact = (x.double() - x.double().mean(1, keepdim=True)).pow(2).mean(1)
+    two_pass = (x - x.mean(1, keepdim=True)).pow(2).mean(1)
+    reasons, stats = verify.compare(two_pass, ref)
+    assert reasons and stats["mismatches"] == 6                  # outside the tolerance of the reference
+    own, theirs = verify.against_float64(two_pass, ref, exact, stats["atol"], stats["rtol"])
+    assert own < 0.01 and 1.5 < theirs < 2.5                     # but nearer the truth than the reference is
+    off = two_pass * (1 + 3e-2)                                  # 3% off: far beyond twice the reference's error
+    own, theirs = verify.against_float64(off, ref, exact, stats["atol"], stats["rtol"])
+    assert own > 2 * theirs + 10
+
+
+def test_all_finite_looks_at_every_slice(monkeypatch):
+    monkeypatch.setattr(verify, "CHUNK", 8)
+    t = torch.zeros(10, 4)
+    assert verify.all_finite(t)
+    t[9, 3] = float("inf")                                       # in the last slice only
+    assert not verify.all_finite(t)

@@ -14,6 +14,11 @@ The spread trial (inputs drawn from [0, 1) mapped to [-4, 4), sandbox/referee.py
 scale: atol grows by rtol * max|ref|, since sums of terms of both signs cancel (a cumsum's or a sum's rounding error
 follows the terms' magnitude, not the result's); a kernel that skips the op on negative inputs is off by O(1) there.
 
+A float32 reference is itself rounded: over a long sum its error alone can exceed the tolerance, so an output
+outside it is judged once more against the reference computed in float64 (sandbox/referee.py, memory permitting),
+and accepted when it is no further from that than twice the reference's own distance (in tolerances), or within
+the tolerance of it.
+
 NaN and infinity must sit at the same positions (infinities with the same sign); they are left out of the numeric
 comparison. TF32 is off for reference and candidate alike (tools/numerics.py), so float32 means float32.
 Work is done in slices of about CHUNK elements along the first dimension, so comparing a 6 GB output costs a few
@@ -89,6 +94,14 @@ def finite_abs_max(t: torch.Tensor) -> float:
     return float(best)
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN and no infinity, a slice at a time (torch.isfinite of a whole 6 GB output makes 10 GB of temporaries)."""
+    bad = torch.zeros((), dtype=torch.bool, device=t.device)
+    for start, stop in _slices(tuple(t.shape)):
+        bad |= ~torch.isfinite(_rows(t, start, stop)).all()
+    return not bool(bad)
+
+
 def _fast_pass(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
     """(max abs error, max rel error) when every element is finite and clearly within tolerance, else None.
     Never writes into `out` or `ref` (the executor's memory and the reference)."""
@@ -157,6 +170,24 @@ def _exact(out: torch.Tensor, ref: torch.Tensor, index: int, atol: float, rtol: 
             f"output {index}: {mismatches} of {ref.numel()} elements outside atol={atol} rtol={rtol}; "
             f"max abs error {max_abs:.3g}, worst at {where}: got {worst[2]:.6g}, expected {worst[3]:.6g}")
     return reasons, stats
+
+
+def against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, atol: float,
+                    rtol: float) -> tuple[float, float]:
+    """How far the output and the reference each are from the float64 truth, in tolerances: the largest
+    |x - exact| / (atol + rtol |exact|) over the elements where all three are finite, for out and for ref."""
+    own = torch.zeros((), dtype=torch.float64, device=ref.device)
+    theirs = torch.zeros((), dtype=torch.float64, device=ref.device)
+    for start, stop in _slices(tuple(ref.shape)):
+        o, r = _rows(out, start, stop).double(), _rows(ref, start, stop).double()
+        e = _rows(exact, start, stop).to(device=ref.device, dtype=torch.float64)
+        tol = e.abs().mul_(rtol).add_(atol)
+        finite = torch.isfinite(o) & torch.isfinite(r) & torch.isfinite(e)
+        if finite.any():
+            own = torch.maximum(own, ((o - e).abs_() / tol)[finite].max())
+            theirs = torch.maximum(theirs, ((r - e).abs_() / tol)[finite].max())
+        del o, r, e, tol, finite
+    return float(own), float(theirs)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
