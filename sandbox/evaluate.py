@@ -23,6 +23,7 @@ import platform
 import secrets
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -380,6 +381,7 @@ class Evaluation:
         self.io_bytes: int | None = None     # the main shape's inputs and outputs (how much a release frees)
         self._inputs_s: dict[str, float] = {}
         self._locked = False
+        self._sass: tuple[threading.Thread, dict[str, str]] | None = None   # disassembling while the device works
         self.abandoned = False   # set by a closing pipeline: planning stops at the next step
         self._started = time.perf_counter()
         self.result = EvalResult(language=rules.detect_language(source), numeric_flags=pin_numeric_flags(),
@@ -437,25 +439,38 @@ class Evaluation:
         began = time.perf_counter()
         self._close_planner()
         self._waited("planner:close", began)
-        self._take_sass()
+        self._start_sass()
 
-    def _take_sass(self) -> None:
-        """The SASS of the main plan's Triton kernels (cuobjdump: trusted, on the planning thread, off the device's
-        clock)."""
+    def _start_sass(self) -> None:
+        """The SASS of the main plan's Triton kernels, disassembled (cuobjdump: trusted, CPU only) on a thread of its
+        own while the device phase goes on: it took a fifth of a candidate's overhead. `release_device` collects it."""
         from tools.assemble import sass_of
 
         if not self.session.cuda:
             return
-        began = time.perf_counter()
         try:
             plan = load_plan(self.plans_dir / "0" / "plan.json")
         except PlanError:
             return  # the device phase reports it
-        for k in plan.kernels:
-            if k.kind == "triton" and k.blob:
-                sass = sass_of((plan.directory / k.blob).read_bytes())
-                if sass:
-                    self.result.sass[k.name] = sass
+        cubins = {k.name: (plan.directory / k.blob).read_bytes() for k in plan.kernels if k.kind == "triton" and k.blob}
+        listings: dict[str, str] = {}
+
+        def disassemble() -> None:
+            for name, cubin in cubins.items():
+                with contextlib.suppress(RuntimeError, OSError, subprocess.SubprocessError):  # the listing is extra
+                    listings[name] = sass_of(cubin)
+
+        self._sass = (threading.Thread(target=disassemble, name=f"sass-{self.index}", daemon=True), listings)
+        self._sass[0].start()
+
+    def _collect_sass(self) -> None:
+        if self._sass is None:
+            return
+        began = time.perf_counter()
+        thread, listings = self._sass
+        thread.join()
+        self.result.sass.update({name: sass for name, sass in listings.items() if sass})
+        self._sass = None
         self._waited("sass", began)
 
     # -- load: the device's executor and referee take the plans -------------------------------------------------------
@@ -934,6 +949,7 @@ class Evaluation:
             if self._locked:
                 self._locked = False
                 self.device.lock.release()
+        self._collect_sass()  # the device is free meanwhile; the result is complete when this returns
 
     def close(self) -> EvalResult:
         self._close_planner()

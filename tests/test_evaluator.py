@@ -76,6 +76,7 @@ def test_honest_kernels_of_every_kind_are_credited(session, target, name):
     assert r.correctness.trials >= 5 + 2 and r.correctness.shapes >= 2 and r.correctness.max_abs_err < 1e-3
     if HAS_GPU:
         assert r.executed_on == "cuda" and r.time_us.n >= 30 and r.speedup_over("eager") > 0
+        assert r.sass and all("Function" in listing for listing in r.sass.values())   # disassembled beside the run
     else:
         assert r.executed_on == "cpu-interpreter" and r.time_us is None and "no timing is real" in r.timing_note
     assert r.resources and r.resources[0].launches >= 1
