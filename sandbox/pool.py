@@ -110,6 +110,10 @@ def register(child: Child, uuid: str) -> None:
     (directory / str(child.proc.pid)).write_text(started)
     if _pausers(directory):
         _signal([child.proc.pid], signal.SIGSTOP)
+        # The pause may have ended between the look and the stop, its SIGCONT sent before our SIGSTOP: then nothing
+        # would ever continue this process (a planner stuck for its whole load timeout, seen on an H100).
+        if not _pausers(directory):
+            _signal([child.proc.pid], signal.SIGCONT)
 
 
 def _pausers(directory: Path) -> list[Path]:

@@ -474,6 +474,34 @@ def test_quiet_stops_every_listed_process_and_its_children_and_then_continues_th
                 p.proc.wait()
 
 
+def test_a_process_listed_as_a_pause_ends_is_not_left_stopped(tmp_path, monkeypatch):
+    """register() sees the pause marker, the pauser finishes (its SIGCONT goes out), then register's SIGSTOP lands."""
+    from types import SimpleNamespace
+
+    from sandbox import pool
+
+    monkeypatch.setenv("KLOOP_SCRATCH", str(tmp_path))
+    planner = SimpleNamespace(proc=subprocess.Popen(["sleep", "60"]))
+    real_signal = pool._signal
+    pauser = pool.quiet("GPU-aaaa")
+    pauser.__enter__()
+
+    def pause_ends_first(pids, signum):
+        if signum == signal.SIGSTOP and pids == [planner.proc.pid]:
+            pauser.__exit__(None, None, None)
+        real_signal(pids, signum)
+
+    monkeypatch.setattr(pool, "_signal", pause_ends_first)
+    try:
+        time.sleep(0.1)
+        pool.register(planner, "GPU-aaaa")
+        time.sleep(0.1)
+        assert pool._state(planner.proc.pid) != "T"
+    finally:
+        planner.proc.kill()
+        planner.proc.wait()
+
+
 def test_the_memory_gate_lets_plans_hold_no_more_than_the_budget():
     """Planners at KernelBench's full sizes: each plan takes its inputs' share of the GPU budget before it starts."""
     import threading
