@@ -436,14 +436,16 @@ class Evaluation:
             except PlanError as e:
                 self._close_planner()
                 return self._finish("rejected", *self._hidden(i, "rejected", f"the launch plan: {e}"))
+            if i == 0:
+                self._start_sass()
         began = time.perf_counter()
         self._close_planner()
         self._waited("planner:close", began)
-        self._start_sass()
 
     def _start_sass(self) -> None:
         """The SASS of the main plan's Triton kernels, disassembled (cuobjdump: trusted, CPU only) on a thread of its
-        own while the device phase goes on: it took a fifth of a candidate's overhead. `release_device` collects it."""
+        own while the hidden shapes build and the device phase goes on: it took a fifth of a candidate's overhead.
+        `release_device` collects it."""
         from tools.assemble import sass_of
 
         if not self.session.cuda:
