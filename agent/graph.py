@@ -144,8 +144,9 @@ class Loop:
                     for message in live.messages:
                         self.store.add_message(self.run_id, message, branch=branch, turn=live.turn)
                 if not window:
-                    emit("stop", branch=branch, reason="the policy has nothing more to try")
-                    return {"stops": ["the policy has nothing more to try"]}
+                    why = "the policy has nothing more to try" + (f": {proposal.reasoning}" if proposal.reasoning else "")
+                    emit("stop", branch=branch, reason=why)
+                    return {"stops": [why]}
                 said_done, live = True, None  # asked again once the oldest in flight is logged
                 continue
             if proposal.format_error or not proposal.source.strip():

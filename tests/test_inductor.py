@@ -186,6 +186,36 @@ def test_the_offline_policy_starts_any_target_from_its_inductor_starter(tmp_path
     assert "K0_XBLOCK = 2048" in proposals[1].source and "from torch.compile" in proposals[0].reasoning
 
 
+def test_the_offline_policy_stops_when_the_starter_fails_only_at_hidden_variants():
+    """torch.compile fixed a size of the main shape (KernelBench 34, 40, 41, 55, ... on an H100): every tunable
+    fails the same hidden variant, so searching on would spend the whole budget for nothing."""
+    target = load_target("tests/targets/kb_leaky_relu.py")
+    starter = {"source": "import torch\nK0_XBLOCK = 1024\nK0_NUM_WARPS = 4\nclass ModelNew(torch.nn.Module):\n"
+                         "    pass\n", "tunables": {"K0_XBLOCK": [512, 1024, 2048], "K0_NUM_WARPS": [2, 4, 8]},
+               "defaults": {"K0_XBLOCK": 1024, "K0_NUM_WARPS": 4}, "notes": "from torch.compile", "kernels": ["k"]}
+
+    def run(outcomes):
+        policy = make_policy("offline", target=target, inductor_starter=starter)
+        history = []
+        for turn, (verdict, reason) in enumerate(outcomes, 1):
+            proposal = policy.propose(ProposeContext(run_id="r", branch=0, turn=turn, target_name=target.name,
+                                                     target_source="", language="auto", gpu=None, history=history,
+                                                     best=None))
+            assert not proposal.done, (turn, proposal.reasoning)
+            history.append(AttemptView(turn, turn, 0, "triton", proposal.source, verdict, [reason], None, None, None,
+                                       None, "", EvalResult()))
+        return policy.propose(ProposeContext(run_id="r", branch=0, turn=len(outcomes) + 1, target_name=target.name,
+                                             target_source="", language="auto", gpu=None, history=history, best=None))
+
+    hidden = ("incorrect", "hidden variant 1: incorrect")
+    stopped = run([hidden] * 3)
+    assert stopped.done and not stopped.source and "fixed a size of the main shape" in stopped.reasoning
+    assert not run([hidden] * 2).done                                                 # two could be bad luck
+    assert not run([hidden, ("incorrect", "main shape, trial 1: output 0: 12 of 4096 elements outside"),
+                    hidden]).done                                                     # wrong at the main shape too
+    assert not run([hidden, ("runtime_error", "hidden variant 2: runtime_error"), ("correct", "")]).done
+
+
 @pytest.mark.slow
 def test_generated_starters_for_a_gemm_template_and_a_tiled_transpose_are_verified_by_the_evaluator(tmp_path):
     from sandbox.evaluate import evaluate

@@ -12,7 +12,9 @@ down its list, the step chosen from the reflect node's diagnosis, then two steps
 (cache hints) come between the two when the kernel is memory-bound below 80% of bandwidth, last otherwise; they compile the attempt's Triton
 source for the target's main shape in a subprocess (once per source; specialized and generic PTX, see
 agent/kernels/ptx_edits.py). A source already tried (by hash) is never proposed again. Each candidate's first line
-records its starter and values, so the search can resume from any attempt in the database.
+records its starter and values, so the search can resume from any attempt in the database. When the Inductor
+starter and its first neighbours pass the main shape but all fail a hidden variant, the policy stops and says why:
+torch.compile fixed a size the variants change, which no tunable undoes.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from tools.rules import detect_language
 from tools.store import Store, fastest_key, source_hash
 
 MARK = "# kloop-offline: "
+FIXED_SIZE_ATTEMPTS = 3   # Inductor attempts failing only at hidden variants before the policy stops searching
 NO_STARTERS = ("the offline policy needs a target or a seed kernel; give --seed-kernel FILE or use an LLM policy "
                "(--policy anthropic|openai)")
 
@@ -97,6 +100,9 @@ class OfflinePolicy:
         self.lock = threading.Lock()
 
     def propose(self, ctx: ProposeContext) -> Proposal:
+        fixed = self.fixed_size(ctx.history)
+        if fixed:
+            return Proposal("triton", "", fixed, done=True)
         tried = {source_hash(a.source) for a in ctx.history}
         if self.store is not None:
             tried |= {a["source_hash"] for a in self.store.attempts(ctx.run_id)}
@@ -109,6 +115,20 @@ class OfflinePolicy:
                                     [Message(role="response", provider="offline", content={"reasoning": move.reasoning})])
         return Proposal(ctx.language if ctx.language != "auto" else "triton", "",
                         "Every starter and every neighbour of every attempt has been tried.", done=True)
+
+    @staticmethod
+    def fixed_size(history: list[AttemptView]) -> str:
+        """Why searching on is pointless, when it is: the Inductor starter and its first neighbours all pass the
+        main shape and fail a hidden variant. torch.compile then fixed a size the variants change (a LayerNorm's
+        normalized shape, a pooled length); its kernels take no other, and no tunable changes that."""
+        tried = [a for a in history if (read_marker(a.source) or {}).get("template", "").startswith("inductor/")]
+        if len(tried) < FIXED_SIZE_ATTEMPTS or any(a.verdict == "correct" for a in tried):
+            return ""
+        if not all(a.reasons and a.reasons[0].startswith("hidden variant") for a in tried):
+            return ""
+        return (f"the Inductor starter and {len(tried) - 1} of its neighbours pass the main shape and fail a hidden "
+                "variant: torch.compile fixed a size of the main shape in its kernels, which no tunable changes "
+                "(a seed kernel or an LLM policy is needed)")
 
     def reflect(self, ctx: ProposeContext, attempt: AttemptView) -> tuple[str, list[Message]]:
         return "", []
