@@ -15,9 +15,8 @@ scale: atol grows by rtol * max|ref|, since sums of terms of both signs cancel (
 follows the terms' magnitude, not the result's); a kernel that skips the op on negative inputs is off by O(1) there.
 
 A float32 reference is itself rounded: over a long sum its error alone can exceed the tolerance, so an output
-outside it is judged once more against the reference computed in float64 (sandbox/referee.py, memory permitting),
-and accepted when it is no further from that than twice the reference's own distance (in tolerances), or within
-the tolerance of it.
+outside it is judged once more against the reference computed in float64 (sandbox/referee.py, memory permitting):
+each element must be within its tolerance of that, or no further from it than twice the reference is there.
 
 NaN and infinity must sit at the same positions (infinities with the same sign); they are left out of the numeric
 comparison. TF32 is off for reference and candidate alike (tools/numerics.py), so float32 means float32.
@@ -173,21 +172,25 @@ def _exact(out: torch.Tensor, ref: torch.Tensor, index: int, atol: float, rtol: 
 
 
 def against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, atol: float,
-                    rtol: float) -> tuple[float, float]:
-    """How far the output and the reference each are from the float64 truth, in tolerances: the largest
-    |x - exact| / (atol + rtol |exact|) over the elements where all three are finite, for out and for ref."""
+                    rtol: float) -> tuple[int, float, float]:
+    """The output judged against the float64 truth, element by element: how many elements are further from it than
+    both their tolerance (atol + rtol |exact|) and twice the reference's own distance there; and, for the reasons,
+    the largest distance of the output and of the reference, in tolerances. Elements not finite in all three are
+    left out (NaN and infinity positions were compared already)."""
+    bad = torch.zeros((), dtype=torch.int64, device=ref.device)
     own = torch.zeros((), dtype=torch.float64, device=ref.device)
     theirs = torch.zeros((), dtype=torch.float64, device=ref.device)
     for start, stop in _slices(tuple(ref.shape)):
         o, r = _rows(out, start, stop).double(), _rows(ref, start, stop).double()
         e = _rows(exact, start, stop).to(device=ref.device, dtype=torch.float64)
-        tol = e.abs().mul_(rtol).add_(atol)
         finite = torch.isfinite(o) & torch.isfinite(r) & torch.isfinite(e)
-        if finite.any():
-            own = torch.maximum(own, ((o - e).abs_() / tol)[finite].max())
-            theirs = torch.maximum(theirs, ((r - e).abs_() / tol)[finite].max())
-        del o, r, e, tol, finite
-    return float(own), float(theirs)
+        tol = e.abs().mul_(rtol).add_(atol)
+        d_own, d_ref = (o - e).abs_().masked_fill_(~finite, 0.0), (r - e).abs_().masked_fill_(~finite, 0.0)
+        bad += (d_own > torch.maximum(tol, 2 * d_ref)).sum()
+        own = torch.maximum(own, (d_own / tol).max()) if d_own.numel() else own
+        theirs = torch.maximum(theirs, (d_ref / tol).max()) if d_ref.numel() else theirs
+        del o, r, e, finite, tol, d_own, d_ref
+    return int(bad), float(own), float(theirs)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
