@@ -24,6 +24,9 @@ from tools.target import TargetError, load_target
 
 from conftest import HAS_GPU
 
+# The adversarial suite runs on both: a GPU run (-m 'gpu or device') judges every attack and honest kind there too.
+pytestmark = pytest.mark.device
+
 HERE = Path(__file__).parent
 CANDIDATES = HERE / "candidates"
 TARGETS = HERE / "targets"
