@@ -86,8 +86,7 @@ class Referee:
             return held[1]
         # give a large or another shape's set back to the device when it is freed: a smaller set carved out of its
         # cached blocks leaves them too small for the next full-size one, which then takes new ones
-        give_back = self.cuda and (shape not in self.held or held is not None and
-                                   _nbytes(held[1] + held[2]) > _total_memory() * LARGE_FRACTION)
+        give_back = self.cuda and (shape not in self.held or held is not None and _large(held[1] + held[2]))
         held = None  # free the old set before making the new one (this name kept it alive too): two may not fit
         self.held.clear()
         if give_back:
@@ -263,7 +262,7 @@ class Referee:
         """One timed call of the reference (eager) or of torch.compile's version of it, on this seed's inputs."""
         inputs = self._inputs(shape, seed)
         expected = self.held[shape][2]
-        if self.cuda and _nbytes(expected) > _total_memory() * LARGE_FRACTION:
+        if self.cuda and _large(expected):
             # a second full-size output beside it may not fit: eager's output takes its place (below); after a
             # compiled call the next check computes it again
             expected.clear()
@@ -326,8 +325,9 @@ def _nbytes(values: list) -> int:
     return sum(t.untyped_storage().nbytes() for t in values if isinstance(t, torch.Tensor))
 
 
-def _total_memory() -> int:
-    return torch.cuda.get_device_properties(DEVICE).total_memory
+def _large(values: list) -> bool:
+    """More than LARGE_FRACTION of the GPU's memory."""
+    return _nbytes(values) > torch.cuda.get_device_properties(DEVICE).total_memory * LARGE_FRACTION
 
 
 def _flat(out) -> list[torch.Tensor]:

@@ -165,11 +165,15 @@ def test_launch_grids_follow_inductors_grid_types():
     assert recorder.launches == [((12, 1, 1), {"num_warps": 8, "num_stages": 3})]
 
 
+# A generated starter as a run's settings pin it (agent.kernels.inductor.Generated.to_dict()): nothing is generated.
+GIVEN_STARTER = {"source": "import torch\nK0_XBLOCK = 1024\nK0_NUM_WARPS = 4\nclass ModelNew(torch.nn.Module):\n"
+                           "    pass\n", "tunables": {"K0_XBLOCK": [512, 1024, 2048], "K0_NUM_WARPS": [2, 4, 8]},
+                 "defaults": {"K0_XBLOCK": 1024, "K0_NUM_WARPS": 4}, "notes": "from torch.compile", "kernels": ["k"]}
+
+
 def test_the_offline_policy_starts_any_target_from_its_inductor_starter(tmp_path):
     target = load_target("tests/targets/kb_leaky_relu.py")
-    starter = {"source": "import torch\nK0_XBLOCK = 1024\nK0_NUM_WARPS = 4\nclass ModelNew(torch.nn.Module):\n"
-                         "    pass\n", "tunables": {"K0_XBLOCK": [512, 1024, 2048], "K0_NUM_WARPS": [2, 4, 8]},
-               "defaults": {"K0_XBLOCK": 1024, "K0_NUM_WARPS": 4}, "notes": "from torch.compile", "kernels": ["k"]}
+    starter = GIVEN_STARTER
     policy = make_policy("offline", target=target, inductor_starter=starter)  # given: nothing is generated
     assert policy.pinned == {"inductor_starter": starter}
     history, proposals = [], []
@@ -190,9 +194,7 @@ def test_the_offline_policy_stops_when_the_starter_fails_only_at_hidden_variants
     """torch.compile fixed a size of the main shape (KernelBench 34, 40, 41, 55, ... on an H100): every tunable
     fails the same hidden variant, so searching on would spend the whole budget for nothing."""
     target = load_target("tests/targets/kb_leaky_relu.py")
-    starter = {"source": "import torch\nK0_XBLOCK = 1024\nK0_NUM_WARPS = 4\nclass ModelNew(torch.nn.Module):\n"
-                         "    pass\n", "tunables": {"K0_XBLOCK": [512, 1024, 2048], "K0_NUM_WARPS": [2, 4, 8]},
-               "defaults": {"K0_XBLOCK": 1024, "K0_NUM_WARPS": 4}, "notes": "from torch.compile", "kernels": ["k"]}
+    starter = GIVEN_STARTER
 
     def run(outcomes):
         policy = make_policy("offline", target=target, inductor_starter=starter)
