@@ -139,6 +139,10 @@ def test_read_only_open_reads_without_the_write_lock_and_refuses_writes(tmp_path
         open_db(tmp_path / "new.db", readonly=True)
     with pytest.raises(StoreError, match="no run database at"):
         open_db(tmp_path / "new.db", create=False, readonly=True)
+    (tmp_path / "new.db").touch()  # what a reader sees while a run is creating the database: read, not written
+    with pytest.raises(StoreError, match="no kloop tables yet"):
+        open_db(tmp_path / "new.db", create=False, readonly=True)
+    assert (tmp_path / "new.db").stat().st_size == 0
 
 
 def test_a_v1_file_from_before_runs_gpu_gains_the_column_on_a_writable_open(tmp_path):

@@ -231,6 +231,8 @@ class Store:
         db = self.db
         db.execute("PRAGMA foreign_keys = ON")
         tables = set(db.table_names())
+        if not tables and self.readonly:  # a run creating it has not yet committed its schema, or an empty file
+            raise StoreError(f"{self.path} has no kloop tables yet (empty, or a run is still creating it)")
         if not tables:
             db.enable_wal()
             with db.atomic():
