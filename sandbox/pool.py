@@ -8,12 +8,14 @@ and Triton's autotuning live there). Once a process is handed a role (it will ru
 a node-wide registry (a file per process under scratch_root()/kloop-gpu-users/<GPU UUID>/), and `quiet(uuid)` stops
 every listed process of that GPU, this session's or another's on the same node (a Ray planner task beside a Ray
 executor actor), while a trusted process times a kernel there: candidate code never runs on a GPU during another
-candidate's timing. One listed during the pause stops itself at once (it sees the pause marker after listing itself,
-or the pauser sees it). Spares still starting run only kloop's code and are left to warm up.
+candidate's timing. One listed during a pause is stopped as it is listed. Pauses begin and end, and processes are
+listed, one at a time per GPU (a file lock), so no pause's end continues what another pause, or a listing, stopped.
+Spares still starting run only kloop's code and are left to warm up.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import signal
@@ -107,13 +109,21 @@ def register(child: Child, uuid: str) -> None:
     started = _start_time(child.proc.pid)
     if started is None:
         return
-    (directory / str(child.proc.pid)).write_text(started)
-    if _pausers(directory):
-        _signal([child.proc.pid], signal.SIGSTOP)
-        # The pause may have ended between the look and the stop, its SIGCONT sent before our SIGSTOP: then nothing
-        # would ever continue this process (a planner stuck for its whole load timeout, seen on an H100).
-        if not _pausers(directory):
-            _signal([child.proc.pid], signal.SIGCONT)
+    with _transition(directory):
+        (directory / str(child.proc.pid)).write_text(started)
+        if _pausers(directory):
+            _signal([child.proc.pid], signal.SIGSTOP)
+
+
+@contextlib.contextmanager
+def _transition(directory: Path):
+    """One change of a GPU's pause state at a time, node-wide (an exclusive flock on the GPU's directory's lock file).
+    Without it a pause that ends sends its SIGCONT after another pause's SIGSTOP (candidate code then runs during
+    that pauser's timing), or after a listing's SIGSTOP (a planner then stays stopped for its whole load timeout,
+    seen on an H100)."""
+    with open(directory / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _pausers(directory: Path) -> list[Path]:
@@ -136,8 +146,9 @@ def heal(uuid: str | None) -> None:
     """Continue this GPU's listed processes if nothing pauses them any more (a pauser that died mid-pause)."""
     if uuid:
         directory = _directory(uuid)
-        if not _pausers(directory):
-            _signal([pid for pid in _listed(directory) if _state(pid) == "T"], signal.SIGCONT)
+        with _transition(directory):
+            if not _pausers(directory):
+                _signal([pid for pid in _listed(directory) if _state(pid) == "T"], signal.SIGCONT)
 
 
 def _state(pid: int) -> str | None:
@@ -183,11 +194,13 @@ def quiet(uuid: str | None):
         return
     directory = _directory(uuid)
     marker = directory / f"paused-{os.getpid()}-{threading.get_ident()}"
-    marker.write_text(_start_time(os.getpid()) or "")
-    _signal(_listed(directory), signal.SIGSTOP)
+    with _transition(directory):
+        marker.write_text(_start_time(os.getpid()) or "")
+        _signal(_listed(directory), signal.SIGSTOP)
     try:
         yield
     finally:
-        marker.unlink(missing_ok=True)
-        if not _pausers(directory):
-            _signal(_listed(directory), signal.SIGCONT)
+        with _transition(directory):
+            marker.unlink(missing_ok=True)
+            if not _pausers(directory):
+                _signal(_listed(directory), signal.SIGCONT)

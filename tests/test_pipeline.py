@@ -474,27 +474,67 @@ def test_quiet_stops_every_listed_process_and_its_children_and_then_continues_th
                 p.proc.wait()
 
 
+def _interleave(monkeypatch, pool, when, then):
+    """Patch pool._signal: just before the signal `when(pids, signum)` selects goes out, run `then` in a thread and
+    give it 0.3 s (a transition not serialized with this one completes in that time)."""
+    real_signal = pool._signal
+    threads = []
+
+    def signal_later(pids, signum):
+        if when(pids, signum) and not threads:
+            threads.append(threading.Thread(target=then))
+            threads[0].start()
+            threads[0].join(0.3)
+        real_signal(pids, signum)
+
+    monkeypatch.setattr(pool, "_signal", signal_later)
+    return threads
+
+
 def test_a_process_listed_as_a_pause_ends_is_not_left_stopped(tmp_path, monkeypatch):
-    """register() sees the pause marker, the pauser finishes (its SIGCONT goes out), then register's SIGSTOP lands."""
+    """register() sees the pause marker and the pause ends before register's SIGSTOP lands: the SIGCONT must come
+    after it, or nothing ever continues the process."""
     from types import SimpleNamespace
 
     from sandbox import pool
 
     monkeypatch.setenv("KLOOP_SCRATCH", str(tmp_path))
     planner = SimpleNamespace(proc=subprocess.Popen(["sleep", "60"]))
-    real_signal = pool._signal
     pauser = pool.quiet("GPU-aaaa")
     pauser.__enter__()
-
-    def pause_ends_first(pids, signum):
-        if signum == signal.SIGSTOP and pids == [planner.proc.pid]:
-            pauser.__exit__(None, None, None)
-        real_signal(pids, signum)
-
-    monkeypatch.setattr(pool, "_signal", pause_ends_first)
+    threads = _interleave(monkeypatch, pool, lambda pids, signum: signum == signal.SIGSTOP,
+                          lambda: pauser.__exit__(None, None, None))
     try:
         time.sleep(0.1)
         pool.register(planner, "GPU-aaaa")
+        threads[0].join(5)
+        time.sleep(0.1)
+        assert pool._state(planner.proc.pid) != "T"
+    finally:
+        planner.proc.kill()
+        planner.proc.wait()
+
+
+def test_a_pause_that_ends_does_not_continue_a_pause_that_began_meanwhile(tmp_path, monkeypatch):
+    """Two timings on one GPU (two sessions): the first one's end must not continue what the second one stopped, or
+    candidate code runs during the second one's timing."""
+    from types import SimpleNamespace
+
+    from sandbox import pool
+
+    monkeypatch.setenv("KLOOP_SCRATCH", str(tmp_path))
+    planner = SimpleNamespace(proc=subprocess.Popen(["sleep", "60"]))
+    first, second = pool.quiet("GPU-aaaa"), pool.quiet("GPU-aaaa")
+    try:
+        time.sleep(0.1)
+        pool.register(planner, "GPU-aaaa")
+        first.__enter__()
+        threads = _interleave(monkeypatch, pool, lambda pids, signum: signum == signal.SIGCONT, second.__enter__)
+        first.__exit__(None, None, None)
+        threads[0].join(5)
+        time.sleep(0.1)
+        assert pool._state(planner.proc.pid) == "T"   # the second timing is on: stopped
+        second.__exit__(None, None, None)
         time.sleep(0.1)
         assert pool._state(planner.proc.pid) != "T"
     finally:
