@@ -232,3 +232,25 @@ def test_generated_starters_for_a_gemm_template_and_a_tiled_transpose_are_verifi
         assert all(k.startswith(kind) for k in generated.kernels), generated.kernels
         result = evaluate(load_target(spec), generated.source)
         assert result.verdict == "correct", result.reasons
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, expect", [
+    ("tests/targets/kb_conv_transpose_gelu.py", "_conv("),     # conv + fused epilogue: channels change in variants
+    ("tests/targets/kb_grouped_conv.py", "_conv("),            # grouped, strided: a starter with no Triton of its own
+    ("tests/targets/tiny_layernorm.py", "triton_"),            # the normalized shape is a module constant
+    ("tests/targets/kb_max_pool1d.py", "triton_poi_"),         # ATen's max_pool1d reads the length as an int
+])
+def test_starters_take_the_sizes_that_the_hidden_variants_change_at_run_time(spec, expect):
+    """torch.compile alone fixes these sizes as constants (a conv template's channels, a LayerNorm's normalized shape, a
+    pooled length): such a starter passes the main shape and fails every hidden variant."""
+    from sandbox.evaluate import evaluate
+
+    target = load_target(spec)
+    generated = inductor.generate(spec, small=True)
+    assert expect in generated.source
+    if expect == "_conv(":
+        assert {"CONV_BLOCK_M", "CONV_NUM_WARPS"} <= set(generated.tunables) and "cuDNN" not in generated.source
+    assert len(target.shapes(small=True)) == 3          # the main shape and two hidden variants
+    result = evaluate(target, generated.source)
+    assert result.verdict == "correct", result.reasons

@@ -3,25 +3,28 @@ into one standalone candidate module.
 
 The reference runs through Dynamo with every tensor (parameters, buffers, inputs) a plain graph input and dynamic
 sizes (no duck sizing), so the generated kernels take their sizes as arguments and serve the hidden shape variants
-too (sizes that the module fixes at construction, such as LayerNorm's normalized_shape, stay constants: Dynamo
-specializes them). The candidate holds:
+too. Where PyTorch itself would fix a size as a constant, the trace computes the same thing without fixing it:
+layer_norm reads its normalized shape from the input, max_pool1d is max_pool2d over a height of 1, and every
+convolution is one opaque op that kloop's own Triton kernel computes (agent/kernels/inductor_conv.py; Inductor's conv
+template fixes channels and kernel size, cuDNN is a library call). Sizes that other modules fix at construction
+stay constants (Dynamo specializes them). The candidate holds:
 - Inductor's `@triton.jit` kernels, verbatim except that `triton_helpers.f` calls become copies of those helper
   functions (`_th_f`, themselves `@triton.jit`) and `tl_math` is `tl.math`; libdevice comes from
   `triton.language.extra` (no import of Inductor's runtime);
 - per kernel, UPPERCASE tunables (`K0_XBLOCK`, `K0_R0_BLOCK`, `K0_NUM_WARPS`, `K0_NUM_STAGES`) for the offline
   policy's search, their defaults the first configuration Inductor's own heuristics give that kernel, and a
   launcher that computes the grid as Inductor's grid types do (Grid1D, Grid2D, Grid3D, Grid2DWithYZOverflow; a
-  template's FixedGrid comes from the wrapper, so a GEMM/conv template tunes warps and stages, not its tiles);
+  template's FixedGrid comes from the wrapper, so a GEMM template tunes warps and stages, not its tiles);
+- where the reference convolves, kloop's convolution kernel and launcher (`_conv`), tuned by `CONV_*` constants;
 - Inductor's wrapper (`call(args)`) translated: allocations become `torch.empty_strided` on the inputs' device,
   `reinterpret_tensor` an `as_strided` view, each `kernel.run(...)` a launcher call; device guards and stream
   look-ups are dropped;
 - the reference's own source (minus get_inputs/get_init_inputs and KLOOP_* settings), so that `ModelNew(Model)`
   builds the same parameters; its `forward` passes them with the inputs to the translated wrapper.
 
-Matmuls and convolutions become Triton only through Inductor's templates: generation runs with max-autotune for
-GEMMs and convolutions restricted to the TRITON backend (on a GPU this benchmarks the template configurations, as
-torch.compile's max-autotune does). Where Inductor still calls a library (extern_kernels.mm/convolution, an aten
-fallback), splits the reference into several graphs or makes a kernel kind the translation does not launch, there is
+Matmuls become Triton only through Inductor's templates: generation runs with max-autotune for GEMMs restricted to
+the TRITON backend (on a GPU this benchmarks the template configurations, as torch.compile's max-autotune does).
+Where Inductor still calls a library (extern_kernels.mm, an aten fallback), splits the reference into several graphs or makes a kernel kind the translation does not launch, there is
 no standalone starter: `NoStarter` says which, in one line.
 
 On a CUDA machine this is Inductor's CUDA Triton codegen. Without a GPU, Inductor's Triton backend for CPU
@@ -34,6 +37,7 @@ Inductor's global state and a crash or hang there never touch the loop: `generat
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -42,6 +46,7 @@ import sys
 import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600
@@ -152,14 +157,14 @@ def _configure(cuda: bool) -> None:
 def capture(model, inputs: list) -> tuple[str, list[str]]:
     """Inductor's wrapper module source for `model(*inputs)`, and the Dynamo source of each graph input
     (`L['args'][i]`, `L['args'][i].size()[d]`): the translated wrapper's `args`, in order."""
-    from unittest import mock
-
     import torch
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
     import torch.utils._triton as torch_triton
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.graph import GraphLowering
+
+    from agent.kernels import inductor_conv  # registers kloop::convolution
 
     _configure(any(getattr(t, "is_cuda", False) for t in inputs) or torch.cuda.is_available())
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
@@ -193,12 +198,41 @@ def capture(model, inputs: list) -> tuple[str, list[str]]:
 
     torch._dynamo.reset()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
-    with torch.no_grad(), fx_config.patch(use_duck_shape=False):
+    with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
+            _sizes_from_inputs():
         torch.compile(flat, backend=backend, dynamic=True, fullgraph=False)(*weights, *inputs)
     if len(graphs) != 1 or len(codes) != 1:
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
                         "starter needs one")
     return codes[0], graphs[0]
+
+
+@contextlib.contextmanager
+def _sizes_from_inputs():
+    """While tracing, two ops take a size from their input instead of fixing it as a constant, so that the kernels
+    serve the hidden variants: layer_norm's normalized shape (a module constant, which must equal the input's
+    trailing sizes anyway) and max_pool1d's length (ATen's C++ max_pool1d reads it as an int; it is max_pool2d over
+    a height of 1, which keeps it symbolic). Each computes what the original does wherever the original runs."""
+    import torch
+    from torch.nn import functional
+
+    layer_norm = functional.layer_norm
+
+    def layer_norm_sized(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+        count = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+        return layer_norm(input, input.shape[input.dim() - count:], weight, bias, eps)
+
+    def max_pool1d_sized(input, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+        def one(v, default):
+            v = list(v) if isinstance(v, (tuple, list)) else [v]
+            return v[0] if v else default
+        size = one(kernel_size, None)
+        return functional.max_pool2d(input.unsqueeze(-2), (1, size), (1, one(stride, size)), (0, one(padding, 0)),
+                                     (1, one(dilation, 1)), ceil_mode).squeeze(-2)
+
+    with mock.patch.object(functional, "layer_norm", layer_norm_sized), \
+            mock.patch.object(torch, "max_pool1d", max_pool1d_sized):
+        yield
 
 
 @dataclass
@@ -262,7 +296,6 @@ def inductor_configs(text: str) -> tuple[list[dict], dict]:
     """The configurations Inductor's heuristics give a kernel (its decorator, run with `cached_autotune` captured
     instead of compiling anything): [{kwargs, num_warps, num_stages}] in Inductor's order, and the size hints they
     were made for ({x: 1024, r0_: 2048}); ([], {}) where they cannot be had (this module's defaults then apply)."""
-    from unittest import mock
 
     from torch._inductor.runtime import triton_helpers, triton_heuristics
 
@@ -429,6 +462,8 @@ _STREAM_LOOKUPS = {"get_raw_stream", "torch.cuda.current_stream"}
 _DEVICE_GUARDS = ("torch.cuda._DeviceGuard", "torch.xpu._DeviceGuard", "torch.cuda.device")
 _ALLOCATORS = {"empty_strided_cuda", "empty_strided_cpu", "empty_strided_xpu", "empty_strided"}
 _TENSOR_METHODS = {"zero_", "fill_", "size", "stride", "storage_offset", "dim"}
+# The convolutions traced as kloop::convolution (agent/kernels/inductor_conv.py), computed by its Triton kernel.
+CONV_OP, CONV_LAUNCHER = "torch.ops.kloop.convolution.default", "_conv"
 
 
 class _CallTranslator(ast.NodeTransformer):
@@ -479,6 +514,8 @@ class _CallTranslator(ast.NodeTransformer):
                                               [ast.Name("device", ast.Load()), *node.args], []), node)
         if func == "reinterpret_tensor":
             node.func = ast.Name("_reinterpret_tensor", ast.Load())
+        if func == CONV_OP:
+            node.func = ast.Name(CONV_LAUNCHER, ast.Load())
         return node
 
 
@@ -496,7 +533,7 @@ def translate_call(wrapper: str, kernels: dict[str, int]) -> str:
     function = ast.parse("def _inductor_call(args, device):\n    pass\n").body[0]
     function.body = body.body or function.body
     source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[]))) + "\n"
-    allowed = {"_empty_strided", "_reinterpret_tensor", "len", "max", "min", "abs", "int"} | \
+    allowed = {"_empty_strided", "_reinterpret_tensor", CONV_LAUNCHER, "len", "max", "min", "abs", "int"} | \
         {f"_launch_{i}" for i in kernels.values()}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
@@ -583,6 +620,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
                     interpreter: bool = False) -> Generated:
     """The standalone candidate module from Inductor's wrapper source and its graph inputs (interpreter: for the
     CPU interpreter, see INTERPRETER_TILE)."""
+    from agent.kernels import inductor_conv
+
     tree = ast.parse(wrapper)
     texts: dict[str, str] = {}
     for node in tree.body:
@@ -592,7 +631,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
             texts[name] = text
     index = {name: i for i, name in enumerate(texts)}
     call = translate_call(wrapper, index)  # first: a library call is the reason, also where no Triton was made
-    if not texts:
+    convolves = re.search(rf"\b{CONV_LAUNCHER}\(", call) is not None
+    if not texts and not convolves:
         raise NoStarter("Inductor generated no Triton kernel for this reference (its code only allocates, views "
                         "or returns its inputs)")
     kernels = [parse_kernel(name, text) for name, text in texts.items()]
@@ -604,6 +644,9 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
         used |= set(re.findall(r"\btriton_helpers\.(\w+)", k.source))
     helpers = helper_sources(used)
     tunables, defaults = {}, {}
+    if convolves:
+        tunables.update(inductor_conv.TUNABLES)
+        defaults.update(inductor_conv.DEFAULTS)
     for i, k in enumerate(kernels):
         t, d = kernel_tunables(i, k, interpreter)
         tunables.update(t)
@@ -617,6 +660,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     parts += [f"\n@triton.jit\n{src.split(chr(10), 1)[1]}" for src in helpers.values()]
     parts += ["\n" + _rename_helpers(k.source, set(helpers)) for k in kernels]
     parts += ["\n" + launcher(i, k) for i, k in enumerate(kernels)]
+    if convolves:
+        parts.append("\n" + inductor_conv.candidate_source())
     parts.append(RUNTIME)
     parts.append("\n" + call)
     parts.append("\n# -- the reference's module (for Model's parameters) " + "-" * 60 + "\n")
@@ -636,6 +681,9 @@ class ModelNew(Model):
     names = ", ".join(k.name for k in kernels)
     notes = (f"torch.compile (Inductor) Triton for the reference: {len(kernels)} kernel(s) ({names}), made "
              "standalone; its block sizes, warps and stages are tunables")
+    if convolves:
+        notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time), "
+                  "tuned by the CONV_* constants")
     return Generated(source, tunables, defaults, notes, [k.name for k in kernels])
 
 

@@ -119,8 +119,8 @@ class OfflinePolicy:
     @staticmethod
     def fixed_size(history: list[AttemptView]) -> str:
         """Why searching on is pointless, when it is: the Inductor starter and its first neighbours all pass the
-        main shape and fail a hidden variant. torch.compile then fixed a size the variants change (a LayerNorm's
-        normalized shape, a pooled length); its kernels take no other, and no tunable changes that."""
+        main shape and fail a hidden variant. torch.compile then fixed a size the variants change (one that a module
+        fixes at construction); its kernels take no other, and no tunable changes that."""
         tried = [a for a in history if (read_marker(a.source) or {}).get("template", "").startswith("inductor/")]
         if len(tried) < FIXED_SIZE_ATTEMPTS or any(a.verdict == "correct" for a in tried):
             return ""

@@ -1,0 +1,265 @@
+"""kloop's Triton convolution: what an Inductor starter computes a convolution with.
+
+torch.compile makes a convolution a cuDNN call, or a Triton template that fixes the channel counts and kernel size
+of the main shape as constants (Inductor guards them to ints), so neither serves the hidden variants, which change
+those sizes. The starter generator (agent/kernels/inductor.py) therefore traces every convolution as one opaque op,
+`kloop::convolution` (this module's `convolution`, with a symbolic output shape), and Inductor generates Triton for
+everything around it; the candidate computes the op with `_conv` below, whose source is copied into it verbatim
+(`candidate_source()`), its tunables as `CONV_*` constants.
+
+The kernel is an implicit GEMM over any 1-, 2- or 3-D convolution, transposed or not, with groups, stride, padding,
+dilation and output padding: rows are output positions (n, od, oh, ow), columns the output channels of one group
+(one group per program along grid z), and the reduction runs over (input channel, kd, kh, kw) of that group, the
+input gathered with masks (a transposed convolution gathers the input positions whose stride divides the offset).
+1-D and 2-D convolutions run as 3-D with leading sizes of 1. Sizes, strides and convolution parameters are runtime
+arguments, so one compiled kernel serves every shape. fp32 inputs use IEEE fp32 dot products (TF32 would miss
+fp32's tolerance); where a group has fewer than 16 output channels or reduction steps (depthwise), the tile is
+multiplied and summed without tl.dot, whose tiles need 16 on each side.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from unittest import mock
+
+import torch
+import triton
+import triton.language as tl
+
+CONV_BLOCK_M = 64
+CONV_BLOCK_N = 64
+CONV_BLOCK_K = 16
+CONV_NUM_WARPS = 4
+CONV_NUM_STAGES = 2
+
+INT32_REACH = 2**31 - 1
+TUNABLES = {"CONV_BLOCK_M": [16, 32, 64, 128], "CONV_BLOCK_N": [16, 32, 64, 128], "CONV_BLOCK_K": [16, 32, 64],
+            "CONV_NUM_WARPS": [2, 4, 8], "CONV_NUM_STAGES": [1, 2, 3, 4]}
+DEFAULTS = {"CONV_BLOCK_M": CONV_BLOCK_M, "CONV_BLOCK_N": CONV_BLOCK_N, "CONV_BLOCK_K": CONV_BLOCK_K,
+            "CONV_NUM_WARPS": CONV_NUM_WARPS, "CONV_NUM_STAGES": CONV_NUM_STAGES}
+
+
+# -- the op the generator traces ---------------------------------------------------------------------------------
+# Spatial output sizes, as PyTorch computes them (ints, or SymInts while tracing).
+def output_sizes(in_sizes, kernel_sizes, stride, padding, dilation, transposed, output_padding):
+    if transposed:
+        return [(i - 1) * s - 2 * p + d * (k - 1) + op + 1
+                for i, k, s, p, d, op in zip(in_sizes, kernel_sizes, stride, padding, dilation, output_padding)]
+    return [(i + 2 * p - d * (k - 1) - 1) // s + 1
+            for i, k, s, p, d in zip(in_sizes, kernel_sizes, stride, padding, dilation)]
+
+
+@torch.library.custom_op("kloop::convolution", mutates_args=())
+def convolution(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: list[int], padding: list[int],
+                dilation: list[int], transposed: bool, output_padding: list[int], groups: int) -> torch.Tensor:
+    """aten.convolution as one op Inductor does not look into (used only while generating a starter)."""
+    return torch.convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups).contiguous()
+
+
+@convolution.register_fake
+def _(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    channels = w.shape[1] * groups if transposed else w.shape[0]
+    sizes = output_sizes(x.shape[2:], w.shape[2:], stride, padding, dilation, transposed, output_padding)
+    return x.new_empty([x.shape[0], channels, *sizes])
+
+
+def _as_list(value, nd: int, name: str) -> list[int]:
+    items = list(value) if isinstance(value, (tuple, list)) else [value] * nd
+    if len(items) == 1 and nd > 1:
+        items *= nd
+    if len(items) != nd:
+        raise ValueError(f"{name} needs {nd} values")
+    return items
+
+
+def _traced(original, nd: int, transposed: bool):
+    """functional.conv<nd>d / conv_transpose<nd>d as kloop::convolution (what the original allows, it computes the
+    same); a padding given as a string other than 'valid', or an even kernel with 'same', goes to the original."""
+    def conv(input, weight, bias=None, stride=1, padding=0, *rest, **keywords):
+        names = ("output_padding", "groups", "dilation") if transposed else ("dilation", "groups")
+        extra = {"output_padding": 0, "groups": 1, "dilation": 1, **dict(zip(names, rest)), **keywords}
+        dilation = _as_list(extra["dilation"], nd, "dilation")
+        if isinstance(padding, str):
+            totals = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+            if padding == "valid":
+                padding = [0] * nd
+            elif padding == "same" and not transposed and all(t % 2 == 0 for t in totals):
+                padding = [t // 2 for t in totals]
+            else:
+                return original(input, weight, bias, stride, padding, *rest, **keywords)
+        unbatched = input.dim() == nd + 1
+        x = input.unsqueeze(0) if unbatched else input
+        y = torch.ops.kloop.convolution(x, weight, bias, _as_list(stride, nd, "stride"),
+                                        _as_list(padding, nd, "padding"), dilation, transposed,
+                                        _as_list(extra["output_padding"], nd, "output_padding"), extra["groups"])
+        return y.squeeze(0) if unbatched else y
+    return conv
+
+
+@contextlib.contextmanager
+def traced_as_one_op():
+    """While tracing: every functional convolution, under torch.* and torch.nn.functional.*, is kloop::convolution."""
+    functional = torch.nn.functional
+    with contextlib.ExitStack() as stack:
+        for nd in (1, 2, 3):
+            for transposed, name in ((False, f"conv{nd}d"), (True, f"conv_transpose{nd}d")):
+                conv = _traced(getattr(functional, name), nd, transposed)
+                stack.enter_context(mock.patch.object(functional, name, conv))
+                stack.enter_context(mock.patch.object(torch, name, conv))
+        yield
+
+
+# -- the candidate's part (copied verbatim) ----------------------------------------------------------------------
+@triton.jit
+def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G,
+                 ID, IH, IW, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                 sxn, sxc, sxd, sxh, sxw, swa, swb, swd, swh, sww,
+                 HAS_BIAS: tl.constexpr, TRANSPOSED: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+                 LARGE: tl.constexpr, TAPS_OUTER: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # Index math is int32 unless LARGE (an offset of 2**31 or more in x, w or y): per row and per (row, k) element,
+    # int64 math (its divisions above all) takes the registers that the tiles need.
+    g = tl.program_id(2)
+    pid_m = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    if LARGE:
+        pid_m, g, j, ks = pid_m.to(tl.int64), g.to(tl.int64), j.to(tl.int64), ks.to(tl.int64)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = m < M
+    col_ok = j < C_OUT_G
+    spatial = OD * OH * OW
+    n = m // spatial
+    r = m % spatial
+    ow = r % OW
+    oh = (r // OW) % OH
+    od = r // (OW * OH)
+    x_rows = n * sxn + g * C_IN_G * sxc
+    if TRANSPOSED:  # w is (C_in, C_out / groups, kd, kh, kw); output o takes input i where o = i * S - P + k * D
+        w_cols = j * swb
+        bd, bh, bw = od + PD, oh + PH, ow + PW
+    else:           # w is (C_out, C_in / groups, kd, kh, kw); output o reads input o * S - P + k * D
+        w_cols = (g * C_OUT_G + j) * swa
+        bd, bh, bw = od * SD - PD, oh * SH - PH, ow * SW - PW
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if TAPS_OUTER:  # one kernel tap at a time, its channels in BLOCK_K steps: the position math is per row only
+        for tap in range(0, KD * KH * KW):
+            kw = tap % KW
+            kh = (tap // KW) % KH
+            kd = tap // (KW * KH)
+            if TRANSPOSED:
+                td, th, tw = bd - kd * DD, bh - kh * DH, bw - kw * DW
+                ok = (td >= 0) & (th >= 0) & (tw >= 0) & (td % SD == 0) & (th % SH == 0) & (tw % SW == 0)
+                i_d, i_h, i_w = td // SD, th // SH, tw // SW
+                w_step = swa
+                w_tap = g * C_IN_G * swa + kd * swd + kh * swh + kw * sww
+            else:
+                i_d, i_h, i_w = bd + kd * DD, bh + kh * DH, bw + kw * DW
+                ok = (i_d >= 0) & (i_h >= 0) & (i_w >= 0)
+                w_step = swb
+                w_tap = kd * swd + kh * swh + kw * sww
+            ok = ok & (i_d < ID) & (i_h < IH) & (i_w < IW) & row_ok
+            x_tap = x_rows + i_d * sxd + i_h * sxh + i_w * sxw
+            for c0 in range(0, C_IN_G, BLOCK_K):
+                c = c0 + ks
+                c_ok = c < C_IN_G
+                a = tl.load(x_ptr + x_tap[:, None] + (c * sxc)[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
+                wt = tl.load(w_ptr + (w_tap + c * w_step)[:, None] + w_cols[None, :],
+                             mask=c_ok[:, None] & col_ok[None, :], other=0.0)
+                acc = _conv_accumulate(acc, a, wt, USE_DOT, IEEE)
+    else:           # few channels: (channel, tap) pairs flattened into BLOCK_K steps
+        K = C_IN_G * KD * KH * KW
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + ks
+            kw = k % KW
+            u = k // KW
+            kh = u % KH
+            u = u // KH
+            kd = u % KD
+            c = u // KD
+            if TRANSPOSED:
+                td = bd[:, None] - (kd * DD)[None, :]
+                th = bh[:, None] - (kh * DH)[None, :]
+                tw = bw[:, None] - (kw * DW)[None, :]
+                ok = (td >= 0) & (th >= 0) & (tw >= 0) & (td % SD == 0) & (th % SH == 0) & (tw % SW == 0)
+                i_d, i_h, i_w = td // SD, th // SH, tw // SW
+                w_rows = (g * C_IN_G + c) * swa
+            else:
+                i_d = bd[:, None] + (kd * DD)[None, :]
+                i_h = bh[:, None] + (kh * DH)[None, :]
+                i_w = bw[:, None] + (kw * DW)[None, :]
+                ok = (i_d >= 0) & (i_h >= 0) & (i_w >= 0)
+                w_rows = c * swb
+            ok = ok & (i_d < ID) & (i_h < IH) & (i_w < IW) & row_ok[:, None] & (k < K)[None, :]
+            a = tl.load(x_ptr + x_rows[:, None] + i_d * sxd + i_h * sxh + i_w * sxw + (c * sxc)[None, :],
+                        mask=ok, other=0.0)
+            w_off = w_rows + kd * swd + kh * swh + kw * sww
+            wt = tl.load(w_ptr + w_off[:, None] + w_cols[None, :], mask=(k < K)[:, None] & col_ok[None, :],
+                         other=0.0)
+            acc = _conv_accumulate(acc, a, wt, USE_DOT, IEEE)
+    co = g * C_OUT_G + j
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y_off = (n * C_OUT * spatial + r)[:, None] + (co * spatial)[None, :]
+    tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _conv_accumulate(acc, a, wt, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    if USE_DOT:
+        if IEEE:
+            return acc + tl.dot(a, wt, input_precision="tf32x3")
+        return acc + tl.dot(a, wt)
+    return acc + tl.sum(a.to(tl.float32)[:, :, None] * wt.to(tl.float32)[None, :, :], axis=1)
+
+
+def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution's result (contiguous) from _conv_kernel; 1-D and 2-D as 3-D with leading sizes of 1."""
+    nd = x.dim() - 2
+    lead = 3 - nd
+    sizes = output_sizes(list(x.shape[2:]), list(w.shape[2:]), stride, padding, dilation, transposed,
+                         output_padding)
+    c_out = w.shape[1] * groups if transposed else w.shape[0]
+    y = torch.empty([x.shape[0], c_out] + sizes, dtype=x.dtype, device=x.device)
+    rows = x.shape[0]
+    for s in sizes:
+        rows *= s
+    c_in_g = x.shape[1] // groups
+    c_out_g = c_out // groups
+    if rows == 0 or c_out_g == 0:
+        return y
+    i_d, i_h, i_w = [1] * lead + list(x.shape[2:])
+    o_d, o_h, o_w = [1] * lead + sizes
+    k_d, k_h, k_w = [1] * lead + list(w.shape[2:])
+    s_d, s_h, s_w = [1] * lead + list(stride)
+    p_d, p_h, p_w = [0] * lead + list(padding)
+    d_d, d_h, d_w = [1] * lead + list(dilation)
+    x_strides = [x.stride(0), x.stride(1)] + [0] * lead + [x.stride(i) for i in range(2, x.dim())]
+    w_strides = [w.stride(0), w.stride(1)] + [0] * lead + [w.stride(i) for i in range(2, w.dim())]
+    reduction = c_in_g * k_d * k_h * k_w
+    # the furthest element of x, w or y from its start: int32 index math below INT32_REACH
+    reach = max(sum((size - 1) * abs(step) for size, step in zip(t.shape, t.stride())) for t in (x, w, y))
+    use_dot = c_out_g >= 16 and reduction >= 16
+    block_n = CONV_BLOCK_N if use_dot else min(CONV_BLOCK_N, max(1, _next_power_of_2(c_out_g)))
+    block_k = CONV_BLOCK_K if use_dot else min(CONV_BLOCK_K, 16)
+    grid = ((rows + CONV_BLOCK_M - 1) // CONV_BLOCK_M, (c_out_g + block_n - 1) // block_n, groups)
+    _conv_kernel[grid](x, w, b if b is not None else y, y, rows, c_out, c_in_g, c_out_g,
+                       i_d, i_h, i_w, o_d, o_h, o_w, k_d, k_h, k_w, s_d, s_h, s_w, p_d, p_h, p_w, d_d, d_h, d_w,
+                       *x_strides, *w_strides, HAS_BIAS=b is not None, TRANSPOSED=bool(transposed),
+                       USE_DOT=use_dot, IEEE=x.dtype == torch.float32, LARGE=reach >= INT32_REACH,
+                       TAPS_OUTER=c_in_g >= 16, BLOCK_M=CONV_BLOCK_M, BLOCK_N=block_n,
+                       BLOCK_K=block_k, num_warps=CONV_NUM_WARPS, num_stages=CONV_NUM_STAGES)
+    return y
+
+
+def _next_power_of_2(n):  # a candidate has the generator's own copy (agent/kernels/inductor.py's RUNTIME)
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def candidate_source() -> str:
+    """The kernel and its launcher as a candidate holds them (the tunables are written by the generator)."""
+    functions = (output_sizes, _conv_kernel.fn, _conv_accumulate.fn, _conv)
+    return f"INT32_REACH = {INT32_REACH}\n\n\n" + "\n\n".join(inspect.getsource(f) for f in functions)

@@ -1,0 +1,54 @@
+"""kloop's Triton convolution (agent/kernels/inductor_conv.py) against aten.convolution, under the interpreter on
+the CPU and compiled on a GPU: every kind a KernelBench convolution problem uses, with fewer than 16 input channels
+per group (channel and tap flattened into the reduction) and with more (a tap at a time)."""
+import pytest
+import torch
+
+from agent.kernels import inductor_conv
+from tools.inputs import DEVICE
+
+# (input shape, weight shape, stride, padding, dilation, transposed, output padding, groups, bias)
+CASES = {
+    "1d": ((2, 5, 19), (16, 5, 3), [1], [0], [1], False, [0], 1, True),
+    "1d_strided_dilated": ((2, 4, 23), (16, 4, 3), [3], [2], [2], False, [0], 1, False),
+    "2d_square": ((2, 3, 9, 11), (16, 3, 3, 3), [1, 1], [1, 1], [1, 1], False, [0, 0], 1, True),
+    "2d_asymmetric": ((1, 6, 10, 7), (20, 6, 3, 5), [2, 1], [1, 2], [1, 2], False, [0, 0], 1, True),
+    "2d_grouped": ((2, 8, 7, 7), (32, 4, 3, 3), [1, 1], [0, 0], [1, 1], False, [0, 0], 2, False),
+    "2d_depthwise": ((2, 6, 9, 9), (6, 1, 3, 3), [1, 1], [1, 1], [1, 1], False, [0, 0], 6, True),
+    "2d_pointwise": ((2, 17, 5, 6), (18, 17, 1, 1), [1, 1], [0, 0], [1, 1], False, [0, 0], 1, False),
+    "3d": ((1, 3, 5, 6, 7), (16, 3, 3, 2, 3), [1, 2, 1], [1, 0, 1], [1, 1, 2], False, [0, 0, 0], 1, True),
+    "1d_transposed": ((2, 5, 9), (5, 16, 3), [2], [1], [1], True, [1], 1, True),
+    "2d_transposed_grouped": ((1, 8, 5, 6), (8, 8, 3, 2), [2, 3], [1, 0], [2, 1], True, [1, 2], 2, True),
+    "2d_transposed_depthwise": ((2, 4, 5, 5), (4, 1, 3, 3), [1, 1], [0, 0], [1, 1], True, [0, 0], 4, False),
+    "2d_transposed_wide": ((1, 20, 5, 4), (20, 16, 3, 3), [2, 2], [1, 1], [1, 1], True, [1, 1], 1, True),
+    "3d_wide": ((1, 18, 4, 5, 3), (16, 18, 2, 3, 2), [1, 1, 1], [1, 0, 1], [1, 1, 1], False, [0, 0, 0], 1, True),
+    "3d_transposed": ((1, 4, 3, 4, 3), (4, 16, 2, 3, 2), [2, 1, 2], [0, 1, 1], [1, 1, 1], True, [1, 0, 0], 1, True),
+}
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["int32", "int64"])
+@pytest.mark.parametrize("case", CASES)
+def test_matches_aten_convolution(case, large, monkeypatch):
+    if large:  # the index math for offsets past 2**31, on tensors of test size
+        monkeypatch.setattr(inductor_conv, "INT32_REACH", 0)
+    x_shape, w_shape, stride, padding, dilation, transposed, output_padding, groups, bias = CASES[case]
+    torch.manual_seed(0)
+    x = torch.randn(x_shape, device=DEVICE)
+    w = torch.randn(w_shape, device=DEVICE)
+    b = torch.randn(w_shape[1] * groups if transposed else w_shape[0], device=DEVICE) if bias else None
+    args = (stride, padding, dilation, transposed, output_padding, groups)
+    expected = torch.convolution(x.double(), w.double(), None if b is None else b.double(), *args).float()
+    got = inductor_conv._conv(x, w, b, *args)
+    assert got.shape == expected.shape and got.is_contiguous()
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_strided_input_and_no_output_rows():
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 12, 3, device=DEVICE).permute(0, 3, 1, 2)   # channels last: strides, not a copy
+    w = torch.randn(16, 3, 3, 3, device=DEVICE)
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    torch.testing.assert_close(inductor_conv._conv(x, w, None, *args), torch.convolution(x, w, None, *args),
+                               atol=1e-4, rtol=1e-4)
+    empty = inductor_conv._conv(x[:0], w, None, *args)
+    assert empty.shape == (0, 16, 7, 10)
