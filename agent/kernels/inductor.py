@@ -4,7 +4,8 @@ into one standalone candidate module.
 The reference runs through Dynamo with every tensor (parameters, buffers, inputs) a plain graph input and dynamic
 sizes (no duck sizing), so the generated kernels take their sizes as arguments and serve the hidden shape variants
 too. Where PyTorch itself would fix a size as a constant, the trace computes the same thing without fixing it:
-layer_norm reads its normalized shape from the input, max_pool1d is max_pool2d over a height of 1, and every
+layer_norm reads its normalized shape from the input, max_pool1d is max_pool2d over a height of 1 (a large
+avg_pool3d window, which Inductor leaves to ATen, is pooled over height and width, then depth), and every
 convolution is one opaque op that kloop's own Triton kernel computes (agent/kernels/inductor_conv.py; Inductor's conv
 template fixes channels and kernel size, cuDNN is a library call). Sizes that other modules fix at construction
 stay constants (Dynamo specializes them). The candidate holds:
@@ -199,7 +200,7 @@ def capture(model, inputs: list) -> tuple[str, list[str]]:
     torch._dynamo.reset()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
-            _sizes_from_inputs():
+            _traceable_ops():
         torch.compile(flat, backend=backend, dynamic=True, fullgraph=False)(*weights, *inputs)
     if len(graphs) != 1 or len(codes) != 1:
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
@@ -208,30 +209,46 @@ def capture(model, inputs: list) -> tuple[str, list[str]]:
 
 
 @contextlib.contextmanager
-def _sizes_from_inputs():
-    """While tracing, two ops take a size from their input instead of fixing it as a constant, so that the kernels
-    serve the hidden variants: layer_norm's normalized shape (a module constant, which must equal the input's
-    trailing sizes anyway) and max_pool1d's length (ATen's C++ max_pool1d reads it as an int; it is max_pool2d over
-    a height of 1, which keeps it symbolic). Each computes what the original does wherever the original runs."""
+def _traceable_ops():
+    """While tracing, ops that would keep a size of the main shape as a constant, or make Inductor call ATen, are
+    computed another way that gives the same result wherever the original runs:
+    - layer_norm reads its normalized shape (a module constant) from the input's trailing sizes, which must equal it;
+    - max_pool1d is max_pool2d over a height of 1 (ATen's C++ max_pool1d reads the length as an int);
+    - an avg_pool3d window of more than 25 elements with stride unlike the window, which Inductor leaves to ATen, is
+      a pool over height and width, then one over depth: with padding counted, the window's sum and divisor
+      separate."""
     import torch
     from torch.nn import functional
 
-    layer_norm = functional.layer_norm
+    layer_norm, avg_pool3d = functional.layer_norm, functional.avg_pool3d
 
     def layer_norm_sized(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         count = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
         return layer_norm(input, input.shape[input.dim() - count:], weight, bias, eps)
 
+    def first(v, default):
+        v = list(v) if isinstance(v, (tuple, list)) else [v]
+        return v[0] if v else default
+
     def max_pool1d_sized(input, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-        def one(v, default):
-            v = list(v) if isinstance(v, (tuple, list)) else [v]
-            return v[0] if v else default
-        size = one(kernel_size, None)
-        return functional.max_pool2d(input.unsqueeze(-2), (1, size), (1, one(stride, size)), (0, one(padding, 0)),
-                                     (1, one(dilation, 1)), ceil_mode).squeeze(-2)
+        size = first(kernel_size, None)
+        return functional.max_pool2d(input.unsqueeze(-2), (1, size), (1, first(stride, size)), (0, first(padding, 0)),
+                                     (1, first(dilation, 1)), ceil_mode).squeeze(-2)
+
+    def avg_pool3d_separated(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                             divisor_override=None):
+        three = lambda v: list(v) * (3 // len(v)) if isinstance(v, (tuple, list)) else [v] * 3  # noqa: E731
+        k, p = three(kernel_size), three(padding)
+        s = three(stride) if stride not in (None, (), []) else k
+        if ceil_mode or not count_include_pad or divisor_override or k[0] * k[1] * k[2] <= 25 or \
+                k[1] * k[2] > 25 or k[0] > 25:
+            return avg_pool3d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        planes = avg_pool3d(input, [1, k[1], k[2]], [1, s[1], s[2]], [0, p[1], p[2]])
+        return avg_pool3d(planes, [k[0], 1, 1], [s[0], 1, 1], [p[0], 0, 0])
 
     with mock.patch.object(functional, "layer_norm", layer_norm_sized), \
-            mock.patch.object(torch, "max_pool1d", max_pool1d_sized):
+            mock.patch.object(torch, "max_pool1d", max_pool1d_sized), \
+            mock.patch.object(functional, "avg_pool3d", avg_pool3d_separated):
         yield
 
 
