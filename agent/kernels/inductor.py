@@ -216,7 +216,9 @@ def _traceable_ops():
     - max_pool1d is max_pool2d over a height of 1 (ATen's C++ max_pool1d reads the length as an int);
     - an avg_pool3d window of more than 25 elements with stride unlike the window, which Inductor leaves to ATen, is
       a pool over height and width, then one over depth: with padding counted, the window's sum and divisor
-      separate."""
+      separate;
+    - scaled_dot_product_attention without mask, dropout or causality, which Inductor makes an ATen attention
+      kernel, is its definition: softmax(Q K^T / sqrt(E)) V, two matmuls (Inductor's GEMM templates) and a softmax."""
     import torch
     from torch.nn import functional
 
@@ -246,9 +248,20 @@ def _traceable_ops():
         planes = avg_pool3d(input, [1, k[1], k[2]], [1, s[1], s[2]], [0, p[1], p[2]])
         return avg_pool3d(planes, [k[0], 1, 1], [s[0], 1, 1], [p[0], 0, 0])
 
+    def attention_as_matmuls(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                             enable_gqa=False):
+        if attn_mask is not None or dropout_p or is_causal or enable_gqa:
+            return attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        if scale is None:  # 1/sqrt(E) as a tensor, so that the head size stays a symbol
+            scale = query.new_full((), query.shape[-1]).rsqrt()
+        scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+        return torch.matmul(torch.softmax(scores, dim=-1), value)
+
+    attention = functional.scaled_dot_product_attention
     with mock.patch.object(functional, "layer_norm", layer_norm_sized), \
             mock.patch.object(torch, "max_pool1d", max_pool1d_sized), \
-            mock.patch.object(functional, "avg_pool3d", avg_pool3d_separated):
+            mock.patch.object(functional, "avg_pool3d", avg_pool3d_separated), \
+            mock.patch.object(functional, "scaled_dot_product_attention", attention_as_matmuls):
         yield
 
 
@@ -656,6 +669,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     if interpreter:  # the interpreter calls a reduction's combine function per element: 90 s for a 16 x 1536 softmax
         for k in kernels:
             k.source = re.sub(r"\btriton_helpers\.(max|min)2\(", lambda m: f"tl.{m.group(1)}(", k.source)
+            # and cannot mask with a block & a scalar comparison (the batched GEMM template's batch bound)
+            k.source = k.source.replace("& (idx_q < BATCH)", "& (idx_m * 0 + idx_q < BATCH)")
     used = set()
     for k in kernels:
         used |= set(re.findall(r"\btriton_helpers\.(\w+)", k.source))
