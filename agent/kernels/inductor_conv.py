@@ -10,9 +10,11 @@ everything around it; the candidate computes the op with `_conv` below, whose so
 The kernel is an implicit GEMM over any 1-, 2- or 3-D convolution, transposed or not, with groups, stride, padding,
 dilation and output padding: rows are output positions (n, od, oh, ow), columns the output channels of one group
 (one group per program along grid z), and the reduction runs over (input channel, kd, kh, kw) of that group, the
-input gathered with masks (a transposed convolution gathers the input positions whose stride divides the offset).
-1-D and 2-D convolutions run as 3-D with leading sizes of 1. Sizes, strides and convolution parameters are runtime
-arguments, so one compiled kernel serves every shape. fp32 inputs use IEEE fp32 dot products (TF32 would miss
+input gathered with masks (a transposed convolution gathers the input positions whose stride divides the offset):
+a kernel tap at a time with its channels in BLOCK_K steps where a group has 16 input channels or more (the position
+math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps. 1-D and 2-D convolutions run as 3-D
+with leading sizes of 1. Sizes, strides and convolution parameters are runtime arguments, so one compiled kernel
+serves every shape. fp32 inputs use 3xTF32 dot products (tensor cores, about fp32's accuracy; plain TF32 would miss
 fp32's tolerance); where a group has fewer than 16 output channels or reduction steps (depthwise), the tile is
 multiplied and summed without tl.dot, whose tiles need 16 on each side.
 """
