@@ -677,8 +677,10 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     helpers = helper_sources(used)
     tunables, defaults = {}, {}
     if convolves:
-        tunables.update(inductor_conv.TUNABLES)
-        defaults.update(inductor_conv.DEFAULTS)
+        conv_defaults = inductor_conv.INTERPRETER_DEFAULTS if interpreter else inductor_conv.DEFAULTS
+        tunables.update({name: _with_default(values, conv_defaults[name])
+                         for name, values in inductor_conv.TUNABLES.items()})
+        defaults.update(conv_defaults)
     for i, k in enumerate(kernels):
         t, d = kernel_tunables(i, k, interpreter)
         tunables.update(t)
