@@ -238,6 +238,7 @@ def test_generated_starters_for_a_gemm_template_and_a_tiled_transpose_are_verifi
 @pytest.mark.parametrize("spec, expect", [
     ("tests/targets/kb_conv_transpose_gelu.py", "_conv("),     # conv + fused epilogue: channels change in variants
     ("tests/targets/kb_grouped_conv.py", "_conv("),            # grouped, strided: a starter with no Triton of its own
+    ("tests/targets/kb_depthwise_conv.py", "_conv("),          # groups = channels, which the variants change
     ("tests/targets/tiny_layernorm.py", "triton_"),            # the normalized shape is a module constant
     ("tests/targets/kb_max_pool1d.py", "triton_poi_"),         # ATen's max_pool1d reads the length as an int
     ("tests/targets/kb_avg_pool3d.py", "triton_poi_"),         # Inductor calls ATen for a 27-element window

@@ -94,9 +94,12 @@ def _traced(original, nd: int, transposed: bool):
                 return original(input, weight, bias, stride, padding, *rest, **keywords)
         unbatched = input.dim() == nd + 1
         x = input.unsqueeze(0) if unbatched else input
+        # A depthwise convolution's groups is its channel count: taken from the shapes (weight.shape[1] * groups is
+        # the input's channels), it stays a symbol. A transposed weight does not tell it.
+        groups = extra["groups"] if transposed else x.shape[1] // weight.shape[1]
         y = torch.ops.kloop.convolution(x, weight, bias, _as_list(stride, nd, "stride"),
                                         _as_list(padding, nd, "padding"), dilation, transposed,
-                                        _as_list(extra["output_padding"], nd, "output_padding"), extra["groups"])
+                                        _as_list(extra["output_padding"], nd, "output_padding"), groups)
         return y.squeeze(0) if unbatched else y
     return conv
 
