@@ -52,3 +52,22 @@ def test_strided_input_and_no_output_rows():
                                atol=1e-4, rtol=1e-4)
     empty = inductor_conv._conv(x[:0], w, None, *args)
     assert empty.shape == (0, 16, 7, 10)
+
+
+def test_traced_functional_convolutions_compute_what_the_originals_do():
+    """The generator's stand-ins for F.conv*d / F.conv_transpose*d (one kloop::convolution op while tracing): the
+    same arguments, positional or by keyword, string paddings, unbatched inputs."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    conv2d = inductor_conv._traced(F.conv2d, 2, transposed=False)
+    x, w, b = torch.randn(2, 6, 9, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    for args, kwargs in [((b, 1, "same", 2, 2), {}), ((b, (2, 1), "valid"), {"groups": 2}), ((None, 1, 1, 1, 2), {})]:
+        torch.testing.assert_close(conv2d(x, w, *args, **kwargs), F.conv2d(x, w, *args, **kwargs))
+    conv1d = inductor_conv._traced(F.conv1d, 1, transposed=False)
+    x1, w1 = torch.randn(5, 11), torch.randn(7, 5, 4)                 # unbatched, and an even kernel with 'same'
+    torch.testing.assert_close(conv1d(x1, w1, None, 1, "same"), F.conv1d(x1, w1, None, 1, "same"))
+    transposed = inductor_conv._traced(F.conv_transpose2d, 2, transposed=True)
+    xt, wt = torch.randn(2, 4, 5, 6), torch.randn(4, 3, 3, 2)        # (input, weight, bias, stride, padding,
+    args = (torch.randn(6), (2, 3), 1, (1, 2), 2, (1, 2))               #  output_padding, groups, dilation)
+    torch.testing.assert_close(transposed(xt, wt, *args), F.conv_transpose2d(xt, wt, *args))
