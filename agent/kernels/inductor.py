@@ -3,12 +3,11 @@ into one standalone candidate module.
 
 The reference runs through Dynamo with every tensor (parameters, buffers, inputs) a plain graph input and dynamic
 sizes (no duck sizing), so the generated kernels take their sizes as arguments and serve the hidden shape variants
-too. Where PyTorch itself would fix a size as a constant, the trace computes the same thing without fixing it:
-layer_norm reads its normalized shape from the input, max_pool1d is max_pool2d over a height of 1 (a large
-avg_pool3d window, which Inductor leaves to ATen, is pooled over height and width, then depth), and every
-convolution is one opaque op that kloop's own Triton kernel computes (agent/kernels/inductor_conv.py; Inductor's conv
-template fixes channels and kernel size, cuDNN is a library call). Sizes that other modules fix at construction
-stay constants (Dynamo specializes them). The candidate holds:
+too. Where PyTorch would fix a size as a constant, or Inductor would call ATen, the trace computes the same thing
+another way (`_traceable_ops`: layer_norm, max_pool1d, a large avg_pool3d window, attention), and every convolution
+is one opaque op that kloop's own Triton kernel computes (agent/kernels/inductor_conv.py; Inductor's conv template
+fixes channels and kernel size, cuDNN is a library call). Sizes that other modules fix at construction stay
+constants (Dynamo specializes them). The candidate holds:
 - Inductor's `@triton.jit` kernels, verbatim except that `triton_helpers.f` calls become copies of those helper
   functions (`_th_f`, themselves `@triton.jit`) and `tl_math` is `tl.math`; libdevice comes from
   `triton.language.extra` (no import of Inductor's runtime);
@@ -25,8 +24,9 @@ stay constants (Dynamo specializes them). The candidate holds:
 
 Matmuls become Triton only through Inductor's templates: generation runs with max-autotune for GEMMs restricted to
 the TRITON backend (on a GPU this benchmarks the template configurations, as torch.compile's max-autotune does).
-Where Inductor still calls a library (extern_kernels.mm, an aten fallback), splits the reference into several graphs or makes a kernel kind the translation does not launch, there is
-no standalone starter: `NoStarter` says which, in one line.
+Where Inductor still calls a library (extern_kernels.mm, an aten fallback), splits the reference into several
+graphs or makes a kernel kind the translation does not launch, there is no standalone starter: `NoStarter` says
+which, in one line.
 
 On a CUDA machine this is Inductor's CUDA Triton codegen. Without a GPU, Inductor's Triton backend for CPU
 (`cpu_backend = "triton"`) generates the same kind of kernels, which kloop runs under TRITON_INTERPRET=1; only the
@@ -226,6 +226,7 @@ def _traceable_ops():
     from torch.nn import functional
 
     layer_norm, avg_pool3d = functional.layer_norm, functional.avg_pool3d
+    attention = functional.scaled_dot_product_attention
 
     def layer_norm_sized(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         count = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
@@ -260,7 +261,6 @@ def _traceable_ops():
         scores = torch.matmul(query, key.transpose(-2, -1)) * scale
         return torch.matmul(torch.softmax(scores, dim=-1), value)
 
-    attention = functional.scaled_dot_product_attention
     with mock.patch.object(warnings, "warn", lambda *args, **kwargs: None), \
             mock.patch.object(functional, "layer_norm", layer_norm_sized), \
             mock.patch.object(torch, "max_pool1d", max_pool1d_sized), \
