@@ -244,6 +244,7 @@ def test_generated_starters_for_a_gemm_template_and_a_tiled_transpose_are_verifi
     ("tests/targets/kb_avg_pool3d.py", "triton_poi_"),         # Inductor calls ATen for a 27-element window
     ("tests/targets/kb_attention.py", "triton_tem_"),          # ... and for attention: here batched GEMM templates
     ("tests/targets/kb_linear_instancenorm.py", "triton_tem_"),  # InstanceNorm's warning broke Dynamo's graph
+    ("tests/targets/kb_instance_norm.py", "triton_red_"),      # ... and its channel check fixed the channel count
 ])
 def test_starters_take_the_sizes_that_the_hidden_variants_change_at_run_time(spec, expect):
     """torch.compile alone fixes these sizes as constants (a conv template's channels, a LayerNorm's normalized shape, a

@@ -4,10 +4,10 @@ into one standalone candidate module.
 The reference runs through Dynamo with every tensor (parameters, buffers, inputs) a plain graph input and dynamic
 sizes (no duck sizing), so the generated kernels take their sizes as arguments and serve the hidden shape variants
 too. Where PyTorch would fix a size as a constant, or Inductor would call ATen, the trace computes the same thing
-another way (`_traceable_ops`: layer_norm, max_pool1d, a large avg_pool3d window, attention), and every convolution
-is one opaque op that kloop's own Triton kernel computes (agent/kernels/inductor_conv.py; Inductor's conv template
-fixes channels and kernel size, cuDNN is a library call). Sizes that other modules fix at construction stay
-constants (Dynamo specializes them). The candidate holds:
+another way (`_traceable_ops`: layer_norm, InstanceNorm, max_pool1d, a large avg_pool3d window, attention), and
+every convolution is one opaque op that kloop's own Triton kernel computes (agent/kernels/inductor_conv.py;
+Inductor's conv template fixes channels and kernel size, cuDNN is a library call). Sizes that other modules fix at
+construction stay constants (Dynamo specializes them). The candidate holds:
 - Inductor's `@triton.jit` kernels, verbatim except that `triton_helpers.f` calls become copies of those helper
   functions (`_th_f`, themselves `@triton.jit`) and `tl_math` is `tl.math`; libdevice comes from
   `triton.language.extra` (no import of Inductor's runtime);
@@ -70,6 +70,16 @@ MAX_TILE_ELEMENTS = 8192   # a persistent reduction keeps XBLOCK * R0_BLOCK valu
 # (nothing is timed) one tile spans a whole row where it can, no wider than the sizes Inductor generated for, and
 # Inductor's max2/min2 helpers become tl.max/tl.min (numpy's max and min propagate NaN there, as the helpers do).
 INTERPRETER_TILE = 8192
+# Likewise Inductor's welford helper (a tl.reduce with a combine function): an InstanceNorm at CPU size took 208 s
+# there. Under the interpreter the lanes are combined in closed form instead: the same count, mean and M2 (sum of
+# squared deviations) up to rounding.
+INTERPRETER_WELFORD = '''@triton.jit
+def _th_welford(mean, m2, weight, dim):
+    count = tl.sum(weight, dim)
+    total = tl.sum(mean * weight, dim) / tl.where(count == 0, 1.0, count)
+    delta = mean - tl.expand_dims(total, dim)
+    return total, tl.sum(m2 + weight * delta * delta, dim), count
+'''
 
 
 class NoStarter(Exception):
@@ -220,10 +230,12 @@ def _traceable_ops():
       separate;
     - scaled_dot_product_attention without mask, dropout or causality, which Inductor makes an ATen attention
       kernel, is its definition: softmax(Q K^T / sqrt(E)) V, two matmuls (Inductor's GEMM templates) and a softmax.
-    And warnings.warn does nothing: Dynamo breaks the graph at one (InstanceNorm warns when its input's channels are
-    not num_features), and the reference's own run has already shown it."""
+    - an InstanceNorm module does not compare its input's channels with num_features (the comparison fixed the
+      channel count; the reference's run already made it, and F.instance_norm does not read num_features).
+    And warnings.warn does nothing: Dynamo breaks the graph at one, and the reference's own run has already shown it."""
     import torch
     from torch.nn import functional
+    from torch.nn.modules.instancenorm import _InstanceNorm
 
     layer_norm, avg_pool3d = functional.layer_norm, functional.avg_pool3d
     attention = functional.scaled_dot_product_attention
@@ -261,7 +273,14 @@ def _traceable_ops():
         scores = torch.matmul(query, key.transpose(-2, -1)) * scale
         return torch.matmul(torch.softmax(scores, dim=-1), value)
 
+    def instance_norm_unchecked(self, input):
+        self._check_input_dim(input)
+        if input.dim() == self._get_no_batch_dim():
+            return self._handle_no_batch_input(input)
+        return self._apply_instance_norm(input)
+
     with mock.patch.object(warnings, "warn", lambda *args, **kwargs: None), \
+            mock.patch.object(_InstanceNorm, "forward", instance_norm_unchecked), \
             mock.patch.object(functional, "layer_norm", layer_norm_sized), \
             mock.patch.object(torch, "max_pool1d", max_pool1d_sized), \
             mock.patch.object(functional, "avg_pool3d", avg_pool3d_separated), \
@@ -679,6 +698,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     for k in kernels:
         used |= set(re.findall(r"\btriton_helpers\.(\w+)", k.source))
     helpers = helper_sources(used)
+    if interpreter and "welford" in helpers:
+        helpers["welford"] = INTERPRETER_WELFORD
     tunables, defaults = {}, {}
     if convolves:
         conv_defaults = inductor_conv.INTERPRETER_DEFAULTS if interpreter else inductor_conv.DEFAULTS
