@@ -88,8 +88,14 @@ class WarmPool:
 
 # -- the node's registry of jailed processes per GPU -------------------------------------------------------------------
 def _directory(uuid: str) -> Path:
-    path = scratch_root() / REGISTRY / "".join(c for c in uuid if c.isalnum() or c in "-_")
-    path.mkdir(parents=True, exist_ok=True)
+    """The GPU's registry directory, its parent the caller's only (0700): in the unshare jail /dev/shm is the host's,
+    and a candidate that could open the lock file could hold its flock and hang every timing on the GPU."""
+    registry = scratch_root() / REGISTRY
+    registry.mkdir(mode=0o700, exist_ok=True)
+    if registry.stat().st_mode & 0o077:  # made before it was private
+        registry.chmod(0o700)
+    path = registry / "".join(c for c in uuid if c.isalnum() or c in "-_")
+    path.mkdir(exist_ok=True)
     return path
 
 

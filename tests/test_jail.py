@@ -223,6 +223,35 @@ def test_file_system(setup, workdir):
         assert seen["run_db"] == seen["shadow"] == "EACCES" and seen["pyproject"] != "EACCES"
 
 
+def test_cannot_reach_the_gpu_pause_registry(setup, workdir):
+    """A jailed candidate that held the registry's lock would hang every trusted timing on its GPU, and one that
+    wrote a pause marker or a listing could stop or continue other candidates: it sees none of it."""
+    from sandbox import pool
+
+    directory = pool._directory("GPU-jail-test")
+    with pool._transition(directory):  # the lock file exists, as on a node that has timed something
+        pass
+    try:
+        seen = run_jailed(setup, f"""
+            import errno, fcntl, json, os
+            def attempt(action):
+                try:
+                    action()
+                    return "done"
+                except OSError as e:
+                    return errno.errorcode[e.errno]
+            lock = lambda: fcntl.flock(open({str(directory / "lock")!r}), fcntl.LOCK_EX | fcntl.LOCK_NB)  # read-only
+            marker = lambda: open({str(directory / "paused-1-1")!r}, "w").write("0")
+            print(json.dumps({{"lock": attempt(lock), "marker": attempt(marker),
+                               "list": attempt(lambda: os.listdir({str(directory.parent)!r}))}}))
+            """, workdir)
+        # bwrap: not there (a tmpfs /dev/shm); unshare (the host's /dev/shm): not the sandbox user's to enter
+        assert set(seen.values()) <= {"ENOENT", "EACCES"}, seen
+        assert sorted(p.name for p in directory.iterdir()) == ["lock"]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def test_no_network(setup, workdir):
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
