@@ -248,7 +248,7 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
     # the furthest element of x, w or y from its start: int32 index math below INT32_REACH
     reach = max(sum((size - 1) * abs(step) for size, step in zip(t.shape, t.stride())) for t in (x, w, y))
     use_dot = c_out_g >= 16 and reduction >= 16
-    block_n = CONV_BLOCK_N if use_dot else min(CONV_BLOCK_N, max(1, _next_power_of_2(c_out_g)))
+    block_n = CONV_BLOCK_N if use_dot else min(CONV_BLOCK_N, triton.next_power_of_2(c_out_g))
     block_k = CONV_BLOCK_K if use_dot else min(CONV_BLOCK_K, 16)
     grid = ((rows + CONV_BLOCK_M - 1) // CONV_BLOCK_M, (c_out_g + block_n - 1) // block_n, groups)
     _conv_kernel[grid](x, w, b if b is not None else y, y, rows, c_out, c_in_g, c_out_g,
@@ -258,13 +258,6 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
                        TAPS_OUTER=c_in_g >= 16, BLOCK_M=CONV_BLOCK_M, BLOCK_N=block_n,
                        BLOCK_K=block_k, num_warps=CONV_NUM_WARPS, num_stages=CONV_NUM_STAGES)
     return y
-
-
-def _next_power_of_2(n):  # a candidate has the generator's own copy (agent/kernels/inductor.py's RUNTIME)
-    p = 1
-    while p < n:
-        p *= 2
-    return p
 
 
 def candidate_source() -> str:
