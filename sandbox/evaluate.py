@@ -473,7 +473,21 @@ class Evaluation:
         thread.join()
         self.result.sass.update({name: sass for name, sass in listings.items() if sass})
         self._sass = None
+        self._ptx_sass()
         self._waited("sass", began)
+
+    def _ptx_sass(self) -> None:
+        """The SASS of the PTX kernels the executor ran: assembled again here (ptxas, trusted) for this GPU's
+        architecture, known once the device phase has run."""
+        from tools.assemble import PtxAssembleError, assemble_ptx, sass_of
+
+        cc = (self.result.gpu or {}).get("cc")
+        ptx_kernels = {r.kernel for r in self.result.resources if r.source == "ptxas" and r.kernel in self.result.ptx}
+        for name in ptx_kernels if cc else ():
+            with contextlib.suppress(PtxAssembleError, RuntimeError, OSError, subprocess.SubprocessError):
+                listing = sass_of(assemble_ptx(self.result.ptx[name], "sm_" + cc.replace(".", "")).cubin)
+                if listing:
+                    self.result.sass[name] = listing
 
     # -- load: the device's executor and referee take the plans -------------------------------------------------------
     def load(self) -> EvalResult:

@@ -325,8 +325,15 @@ class Executor:
             usage = k.resources
             block = launches[0].block if launches else [1, 1, 1]
             dynamic = launches[0].shared if launches else 0
+            from tools.assemble import theoretical_occupancy
+
+            threads, shared = block[0] * block[1] * block[2], usage["shared_bytes"] + dynamic
+            try:
+                occupancy = theoretical_occupancy(usage["registers"], shared, threads)
+            except ValueError:  # a block no GPU launches: its launch says so
+                occupancy = None
             row.update(source="ptxas", registers=usage["registers"], spills=usage["spill_stores_bytes"] // 4,
-                       shared_bytes=usage["shared_bytes"] + dynamic, threads=block[0] * block[1] * block[2])
+                       shared_bytes=shared, threads=threads, occupancy=occupancy)
             row["ptx"] = k.ptx
         else:
             row["source"] = "triton-interpreter"

@@ -5,6 +5,7 @@ Runs on CPU (Triton interpreter) and, for the tests marked gpu, on a GPU. Some c
 on purpose; the tests that use `rules_bypassed` switch those rules off to show the design holds without them: the
 candidate's Python only plans, trusted code runs the plan on its own inputs and compares.
 """
+import dataclasses
 import json
 import os
 import signal
@@ -419,6 +420,7 @@ def test_the_trusted_processes_free_a_set_of_inputs_before_making_the_next(tmp_p
 
     source = (TARGETS / "tiny_add.py").read_text()
     ex, ref = executor.Executor(tmp_path), referee.Referee()
+    ex._limit = -1  # on a GPU a set this small is refreshed in place; a full-size one is not, as here
     ex.shape("s", source, {})
     ref.shape("s", source, {}, 0)
     for module, new_set, held in ((executor, lambda seed: ex.inputs("s", seed), lambda: ex.held["s"]),
@@ -457,10 +459,11 @@ def test_the_same_kernel_against_itself_is_a_tie(session):
     with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as first:
         first.assemble(), first.verify(), first.profile()
         first.adopt_as_best(1)
-    tied = []
+    # the best's own timing read slow, as a noisy one can: every challenger now looks faster and is paired with it
+    session.best = dataclasses.replace(session.best, median_us=session.best.median_us * 100)
+    outcomes = []
     for _ in range(3):
         with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as again:
             again.assemble(), again.verify(), again.profile()
-        if again.result.vs_best is not None:
-            tied.append(again.result.vs_best.outcome)
-    assert tied and set(tied) <= {"tie", "slower"}, tied
+        outcomes.append(again.result.vs_best and again.result.vs_best.outcome)
+    assert len(outcomes) == 3 and set(outcomes) <= {"tie", "slower"}, outcomes
