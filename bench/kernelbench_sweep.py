@@ -3,13 +3,14 @@
     python bench/kernelbench_sweep.py kernelbench/level1 tests/candidates/copy_input.py --out sweep.jsonl \
         [--problems '19_*,33_*'] [--seconds 300] [--starters [--jobs 8]] [--baselines eager,compile]
 
-What it shows: that each problem gets a verdict (never a traceback or an out-of-memory crash of kloop), how long
-the evaluation took, and the peak GPU memory over all processes (NVML, sampled every 20 ms, above what was in use
-before; 0 without NVML) against the bytes of one set of inputs and outputs. A copy candidate is wrong for nearly
-every problem (a `correct` is an evaluator hole worth a look), so it is refused at its first trial; --starters judges
-each problem's Inductor starter instead, which is right for most and so goes through every stage (all trials, the
-timing, the baselines asked for): the evaluator's whole path at full size. One JSON line per problem, appended to
---out; problems already there are skipped, so a stopped sweep goes on where it stopped. A summary last.
+What it shows: that each problem gets a verdict (never a traceback or an out-of-memory crash of kloop), how long the
+evaluation took, the speedup over each baseline asked for, and the peak GPU memory over all processes (NVML, sampled
+every 20 ms, above what was in use before; 0 without NVML) against the bytes of one set of inputs and outputs. A
+copy candidate is wrong for nearly every problem (a `correct` is an evaluator hole worth a look), so it is refused
+at its first trial; --starters judges each problem's Inductor starter instead, which is right for most and so goes
+through every stage (all trials, the timing, the baselines asked for): the evaluator's whole path at full size. One
+JSON line per problem, appended to --out; problems already there are skipped, so a stopped sweep goes on where it
+stopped. A summary last.
 """
 from __future__ import annotations
 
@@ -134,8 +135,12 @@ def main() -> None:
                 out.flush()
                 print(f"{row['problem']:<45} {row['candidate'][:8]:<8} {row['verdict']:<14} {row['wall_s']:>6.1f} s "
                       f"{row['peak_gpu_mib_all_processes']:>7} MiB {row['peak_over_io'] or 0:>5.2f}x io  "
-                      f"{row['first_reason'][:60]}", flush=True)
+                      f"{_speedups(row)} {row['first_reason'][:60]}", flush=True)
     print(json.dumps({"verdicts": verdicts, "seconds": round(time.perf_counter() - started)}))
+
+
+def _speedups(row: dict) -> str:
+    return " ".join(f"{name} {x:.2f}x" for name, x in (row.get("speedup") or {}).items())
 
 
 def judge(path: Path, source: str, settings: dict, session: Session) -> dict:
@@ -155,6 +160,7 @@ def judge(path: Path, source: str, settings: dict, session: Session) -> dict:
         r = evaluate(target, source, EvalSettings(**settings), session)
     return {**row, "verdict": r.verdict, "first_reason": (r.reasons or [""])[0][:160],
             "trials": r.correctness.trials if r.correctness else 0, "wall_s": round(time.perf_counter() - began, 1),
+            "median_us": r.median_us, "speedup": r.speedup or {},
             "peak_gpu_mib_all_processes": memory.mib, "io_mib": io_bytes >> 20,
             "peak_over_io": round((memory.mib << 20) / io_bytes, 2) if io_bytes else None}
 
