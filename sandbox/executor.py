@@ -322,11 +322,11 @@ class Executor:
             row.update({key: v for key, v in triton_kernel_resources(kernel).items() if key not in ("ptx", "arch")})
             row["ptx"] = k.ptx
         elif k.kind == "ptx":
+            from tools.assemble import theoretical_occupancy
+
             usage = k.resources
             block = launches[0].block if launches else [1, 1, 1]
             dynamic = launches[0].shared if launches else 0
-            from tools.assemble import theoretical_occupancy
-
             threads, shared = block[0] * block[1] * block[2], usage["shared_bytes"] + dynamic
             try:
                 occupancy = theoretical_occupancy(usage["registers"], shared, threads)
