@@ -652,21 +652,23 @@ import triton.language as tl
 from triton.language.extra import libdevice
 '''
 
-RUNTIME = '''
+RUNTIME = {  # what launchers and the call use besides torch: each starter gets those it calls, no others
+    "_next_power_of_2": '''
 def _next_power_of_2(n):
     p = 1
     while p < n:
         p *= 2
     return p
-
-
+''',
+    "_empty_strided": '''
 def _empty_strided(device, size, stride, dtype):
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
-
-
+''',
+    "_reinterpret_tensor": '''
 def _reinterpret_tensor(t, size, stride, offset):
     return t.as_strided(size, stride, t.storage_offset() + offset)
-'''
+''',
+}
 
 
 def build_candidate(wrapper: str, sources: list[str], reference_source: str, single_output: bool,
@@ -721,7 +723,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     parts += ["\n" + launcher(i, k) for i, k in enumerate(kernels)]
     if convolves:
         parts.append("\n" + inductor_conv.candidate_source())
-    parts.append(RUNTIME)
+    code = "\n".join(parts[1:] + [call])
+    parts += [helper for name, helper in RUNTIME.items() if re.search(rf"\b{name}\(", code)]
     parts.append("\n" + call)
     parts.append("\n# -- the reference's module (for Model's parameters) " + "-" * 60 + "\n")
     parts.append(reference_part(reference_source))
