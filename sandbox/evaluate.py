@@ -484,7 +484,7 @@ class Evaluation:
         cc = (self.result.gpu or {}).get("cc")
         ptx_kernels = {r.kernel for r in self.result.resources if r.source == "ptxas" and r.kernel in self.result.ptx}
         for name in ptx_kernels if cc else ():
-            with contextlib.suppress(PtxAssembleError, RuntimeError, OSError, subprocess.SubprocessError):
+            with contextlib.suppress(PtxAssembleError, ValueError, RuntimeError, OSError, subprocess.SubprocessError):
                 listing = sass_of(assemble_ptx(self.result.ptx[name], "sm_" + cc.replace(".", "")).cubin)
                 if listing:
                     self.result.sass[name] = listing

@@ -335,6 +335,22 @@ def test_ptx_candidate_is_assembled_everywhere_and_run_where_there_is_a_gpu(sess
         assert "assembled for sm_90" in r.timing_note
 
 
+def test_the_sass_of_a_ptx_kernel_that_no_longer_assembles_is_left_out_without_a_traceback():
+    # After the device phase the trusted side assembles each PTX kernel again for its SASS: whatever text the plan
+    # carried (garbage, empty, a PTX kernel named like a Triton one) costs the listing, never the evaluation.
+    from types import SimpleNamespace
+
+    from sandbox.evaluate import Evaluation
+    from tools.result import EvalResult, Resources
+
+    result = EvalResult(gpu={"cc": "9.0"}, ptx={"garbage": ".entry garbage ( nonsense", "empty": " ",
+                                                 "twin": "// Triton's PTX of a kernel of that name"},
+                        resources=[Resources(kernel=k, source="ptxas") for k in ("garbage", "empty", "twin")] +
+                        [Resources(kernel="twin", source="triton")])
+    Evaluation._ptx_sass(SimpleNamespace(result=result))
+    assert result.sass == {}
+
+
 @pytest.mark.parametrize("ratios, outcome", [
     ([1.0 + 0.002 * ((-1) ** i) for i in range(30)], "tie"),
     ([1.20 + 0.01 * ((-1) ** i) for i in range(30)], "faster"),
@@ -420,7 +436,7 @@ def test_the_trusted_processes_free_a_set_of_inputs_before_making_the_next(tmp_p
 
     source = (TARGETS / "tiny_add.py").read_text()
     ex, ref = executor.Executor(tmp_path), referee.Referee()
-    ex._limit = -1  # on a GPU a set this small is refreshed in place; a full-size one is not, as here
+    monkeypatch.setattr(executor, "IN_PLACE_FRACTION", 0)  # on a GPU a set this small is refreshed in place
     ex.shape("s", source, {})
     ref.shape("s", source, {}, 0)
     for module, new_set, held in ((executor, lambda seed: ex.inputs("s", seed), lambda: ex.held["s"]),
