@@ -10,9 +10,10 @@ over one buffer of --gib GiB, CUDA events, and prints median / IQR / min / max i
   fresh set       new x (randn) and out each call, the old set freed first, from torch's cache
   driver memory   as fresh set, but torch's cache emptied before each call: every buffer new driver memory
   freed, wait D   reused x and out, timed D ms after another buffer of that size went back to the driver
-On an H100 80GB (driver 580.159.04, torch 2.11): reused, fresh output and fresh set 4289-4297 us, driver memory
-5036 us (+17%). The "freed, wait D" rows tell a slowdown from freed memory (the driver clearing it) from one in
-new memory itself; they were not run yet.
+On an H100 80GB (driver 580.159.04, torch 2.11; results/baseline-memory-h100/): reused, fresh output and fresh set
+4702-4730 us, driver memory 5578 us (+18%), and reused buffers 5587-5593 us within 5 ms of another buffer going back
+to the driver, 4834-4841 us after 20-100 ms: freeing to the driver slows every kernel for a while, which is why the
+referee no longer empties its cache between rounds of the same shape.
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@
         [--problems '19_*,33_*'] [--seconds 300] [--starters [--jobs 8]] [--baselines eager,compile]
 
 What it shows: that each problem gets a verdict (never a traceback or an out-of-memory crash of kloop), how long the
-evaluation took, the speedup over each baseline asked for, and the peak GPU memory over all processes (NVML, sampled
-every 20 ms, above what was in use before; 0 without NVML) against the bytes of one set of inputs and outputs. A
+evaluation took, the speedup over each baseline asked for (and the median and interquartile range of each timed
+party), and the peak GPU memory over all processes (NVML, sampled every 20 ms, above what was in use before; 0
+without NVML) against the bytes of one set of inputs and outputs. A
 copy candidate is wrong for nearly every problem (a `correct` is an evaluator hole worth a look), so it is refused
 at its first trial; --starters judges each problem's Inductor starter instead, which is right for most and so goes
 through every stage (all trials, the timing, the baselines asked for): the evaluator's whole path at full size. One
@@ -160,9 +161,16 @@ def judge(path: Path, source: str, settings: dict, session: Session) -> dict:
         r = evaluate(target, source, EvalSettings(**settings), session)
     return {**row, "verdict": r.verdict, "first_reason": (r.reasons or [""])[0][:160],
             "trials": r.correctness.trials if r.correctness else 0, "wall_s": round(time.perf_counter() - began, 1),
-            "median_us": r.median_us, "speedup": r.speedup or {},
+            "median_us": r.median_us, "speedup": r.speedup or {}, "timings_us": _timings(r),
             "peak_gpu_mib_all_processes": memory.mib, "io_mib": io_bytes >> 20,
             "peak_over_io": round((memory.mib << 20) / io_bytes, 2) if io_bytes else None}
+
+
+def _timings(r) -> dict:
+    """Median and interquartile range of the candidate's and each baseline's timed calls, in us."""
+    named = {"candidate": r.time_us, **(r.baselines or {})}
+    return {name: {"median": round(t.median, 1), "iqr": round(t.iqr, 1) if t.iqr is not None else None}
+            for name, t in named.items() if t is not None}
 
 
 if __name__ == "__main__":

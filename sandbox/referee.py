@@ -84,9 +84,12 @@ class Referee:
         held = self.held.get(shape)
         if held and held[0] == (seed, spread):
             return held[1]
-        # give a large or another shape's set back to the device when it is freed: a smaller set carved out of its
-        # cached blocks leaves them too small for the next full-size one, which then takes new ones
-        give_back = self.cuda and (shape not in self.held or held is not None and _large(held[1] + held[2]))
+        # Another shape's set goes back to the device when it is freed: a smaller set carved out of its cached blocks
+        # leaves them too small for the next full-size one, which then takes new ones. The same shape's next set
+        # (and the baselines' outputs) take the freed blocks of the same sizes again: memory new from the driver is
+        # first written by the timed call itself, up to 17% slower on an H100 (bench/fresh_memory.py), which made
+        # the baselines slower than they are while the candidate writes into its own reused buffers.
+        give_back = self.cuda and shape not in self.held
         held = None  # free the old set before making the new one (this name kept it alive too): two may not fit
         self.held.clear()
         if give_back:

@@ -455,6 +455,27 @@ def test_the_trusted_processes_free_a_set_of_inputs_before_making_the_next(tmp_p
 
 
 @pytest.mark.gpu
+def test_the_baselines_are_timed_on_reused_memory_like_the_candidate(monkeypatch):
+    # Memory new from the driver is first written by the timed call itself, up to 17% slower on an H100
+    # (bench/fresh_memory.py): a referee that gave its set back every round timed eager and torch.compile slower
+    # than they are, while the candidate writes into buffers it reuses. Only another shape's set is given back.
+    import torch
+
+    from sandbox import referee
+
+    monkeypatch.setattr(referee, "LARGE_FRACTION", 0)  # every set counts as full-size
+    ref = referee.Referee()
+    source = (TARGETS / "tiny_add.py").read_text()
+    ref.shape("s", source, {"N": 2**24}, 0)
+    ref.time("eager", "s", 1)
+    mallocs = torch.cuda.memory_stats()["num_device_alloc"]
+    for seed in range(2, 6):
+        assert ref.time("eager", "s", seed)["ms"] > 0
+    assert torch.cuda.memory_stats()["num_device_alloc"] == mallocs
+    ref.forget()
+
+
+@pytest.mark.gpu
 def test_outputs_viewing_one_buffer_leave_no_memory_behind(session):
     # Both outputs share one storage: shared twice and mapped once, CUDA IPC would keep its 512 MiB counted for good
     # (four evaluations, 1.5 GiB held).
