@@ -252,6 +252,18 @@ def test_ptx_candidate_from_triton_compiles_assembles_and_matches_params(softmax
             model(torch.randn(4, 100))
 
 
+def test_ptx_candidates_parse_on_every_python_kloop_supports(softmax_ptx):
+    # The candidate is written by ast.unparse. On Python 3.12+ it renders a string literal inside an f-string's
+    # braces in the f-string's own quotes, which Python 3.10 and 3.11 cannot parse: a kernel logged on a GPU
+    # machine's 3.12 was a syntax error when re-verified on 3.11.
+    tree = ast.parse(_softmax_candidate(softmax_ptx))
+    for fstring in (n for n in ast.walk(tree) if isinstance(n, ast.JoinedStr)):
+        for value in (v for v in fstring.values if isinstance(v, ast.FormattedValue)):
+            literals = [n.value for n in ast.walk(value.value) if isinstance(n, ast.Constant) and
+                        isinstance(n.value, str)]
+            assert not literals, ast.unparse(fstring)
+
+
 def test_ptx_candidate_picks_specialized_generic_or_refuses(softmax_ptx):
     namespace = _exec_module(_softmax_candidate(softmax_ptx))
     fits, (specialized, generic) = namespace["ptx_variant_fits"], namespace["PTX_VARIANTS"]

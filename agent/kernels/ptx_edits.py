@@ -227,8 +227,8 @@ def launch(self, grid, args, constexprs):
             kernel.launch(grid, (32 * variant['num_warps'], 1, 1), values + [None, None],
                           shared_mem=variant['shared_bytes'])
             return
-    raise RuntimeError(f"no compiled PTX fits this launch (constexprs {constexprs}); it has "
-                       f"{[v['constexprs'] for v in PTX_VARIANTS]}")
+    compiled = [v['constexprs'] for v in PTX_VARIANTS]
+    raise RuntimeError(f"no compiled PTX fits this launch (constexprs {constexprs}); it has {compiled}")
 """
 
 _PTX_FITS = """
