@@ -22,7 +22,7 @@ from agent.inspect_tools import TOOLS  # noqa: E402
 from agent.policy import Message  # noqa: E402
 from agent.prompting import export_prompts  # noqa: E402
 from tools.export import (ExportOptions, breaks_rules, build_records, normalized_kernel_hash,  # noqa: E402
-                          scalar_reward)
+                          scalar_reward, split_targets)
 from tools.store import attempt_columns as store_columns  # noqa: E402
 from tools.store import open_db  # noqa: E402
 
@@ -524,6 +524,39 @@ def test_exclude_drops_exactly_the_evaluation_problems(runs_db, tmp_path):
     assert [r["provenance"]["run_id"] for r in records] == [other] and summary.excluded == 3
 
 
+def test_split_by_target_shares_no_target_between_train_and_test(runs_db, tmp_path):
+    db, _ = runs_db
+    store = open_db(db)
+    for name, op in (("vector_mul", "*"), ("vector_sub", "-"), ("vector_div", "/")):
+        run = store.create_run(target_name=name, target_source=TARGET.replace("x + y", f"x {op} y"), policy="offline",
+                               model="", versions=VERSIONS)
+        store.add_attempt(run, branch=0, turn=1, **attempt_columns("correct", kernel(64).replace(
+            " + tl.load(y", f" {op} tl.load(y"), 20.0))
+    store.close()
+    whole, _ = build_records([db], options(format="rl"))
+    out = tmp_path / "rl.jsonl"
+    result = run_export(db, out, "--format", "rl", "--split-by", "target", "--test-fraction", "0.5")
+    assert result.exit_code == 0, result.output
+    train, test = load(tmp_path / "rl.train.jsonl"), load(tmp_path / "rl.test.jsonl")
+    names = {split: {r["provenance"]["target_name"] for r in rows} for split, rows in (("train", train), ("test", test))}
+    assert names["train"] and names["test"] and not names["train"] & names["test"], names
+    assert names["train"] | names["test"] == {"vector_add", "vector_mul", "vector_sub", "vector_div"}
+    assert len(train) + len(test) == len(whole) and not out.exists()
+    assert f"test: {len(test)} row(s) from {len(names['test'])} target(s)" in result.output
+    assert "rl.test.jsonl" in (tmp_path / "README.md").read_text()
+
+
+def test_a_target_keeps_its_side_of_the_split_as_targets_are_added():
+    targets = [f"{i:064x}" for i in range(40)]
+    sides = split_targets(targets, 0.25)
+    assert 4 <= list(sides.values()).count("test") <= 18   # a hash's share, not an exact count
+    assert all(split_targets(targets + [f"{i:064x}" for i in range(40, 80)], 0.25)[t] == side
+               for t, side in sides.items())
+    for fraction in (0.001, 0.999):   # two targets: neither side is left empty
+        assert sorted(split_targets(targets[:2], fraction).values()) == ["test", "train"]
+    assert split_targets(targets[:1], 0.5) in ({targets[0]: "train"}, {targets[0]: "test"})
+
+
 def test_card_and_length_stats(runs_db, tmp_path):
     db, _ = runs_db
     out = tmp_path / "trl.jsonl"
@@ -580,7 +613,8 @@ def test_several_databases_dedupe_across(runs_db, tmp_path):
     assert len(records) == 3 and summary.duplicates == 1   # the second database's run has the same best kernel
 
 
-@pytest.mark.parametrize("case", ["unknown_run", "empty_db", "schema_version", "unwritable", "missing_db"])
+@pytest.mark.parametrize("case", ["unknown_run", "empty_db", "schema_version", "unwritable", "missing_db",
+                                  "unknown_split", "split_fraction", "split_flashinfer"])
 def test_bad_input_is_one_line_and_writes_nothing(runs_db, tmp_path, case):
     db, _ = runs_db
     out = tmp_path / "out.jsonl"
@@ -597,6 +631,12 @@ def test_bad_input_is_one_line_and_writes_nothing(runs_db, tmp_path, case):
         out = tmp_path / "no" / "such" / "dir" / "out.jsonl"
     elif case == "missing_db":
         db = tmp_path / "missing.db"
+    elif case == "unknown_split":
+        args += ["--split-by", "run"]
+    elif case == "split_fraction":
+        args += ["--split-by", "target", "--test-fraction", "1"]
+    elif case == "split_flashinfer":
+        args = ["--format", "flashinfer", "--split-by", "target"]
     result = run_export(db, out, *args)
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()

@@ -14,7 +14,8 @@ Formats (`ExportOptions.format`):
 
 Every row carries provenance (kloop version, target sha256, where it executed, GPU/driver/CUDA/torch/triton, timing
 flags, run and attempt ids, policy/model, the user's license); a dataset card (README.md with a YAML header) is
-written next to the export. `exclude` drops every row whose target is an evaluation problem (normalized source hash).
+written next to the export. `exclude` drops every row whose target is an evaluation problem (normalized source hash);
+`split_by="target"` writes train and test files that share no target (the same normalized hash).
 
 Layering: tools/ never imports agent/. Offline-policy runs log no model requests, so their conversations are
 rebuilt with the model policies' wording, which the caller passes as `Prompts` (agent.prompting.export_prompts()).
@@ -46,6 +47,7 @@ from tools.store import Store, StoreError, fastest_key, open_db
 from tools.wire import SUBMIT
 
 FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
+SPLITS = ("train", "test")
 TRAIN_ON = ("final", "all-correct")
 LANGUAGES = ("triton", "ptx")
 # The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
@@ -87,6 +89,8 @@ class ExportOptions:
     run_ids: tuple[str, ...] = ()      # empty: every run of every database
     license: str | None = None         # the dataset's license, set by the user (provenance and card)
     exclude: tuple[str, ...] = ()      # files or folders of evaluation problems whose targets are left out
+    split_by: str | None = None        # "target": train and test files that share no target
+    test_fraction: float = 0.1         # of the targets, by a stable hash of each (split_by)
     prompts: Prompts | None = None     # needed for offline-policy runs in chat formats
 
 
@@ -100,6 +104,7 @@ class ExportSummary:
     max_length: int | None = None      # tokens: a trainer's max_length that keeps every row whole
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    splits: dict = field(default_factory=dict)    # split_by: "train"/"test" -> {"rows": n, "targets": n}
 
     def lines(self) -> list[str]:
         """What `kloop export` prints after the first line."""
@@ -113,6 +118,7 @@ class ExportSummary:
         if self.max_length:
             out.append(f"max_length >= {self.max_length} tokens keeps every row whole "
                        f"(estimated at {CHARS_PER_TOKEN} characters per token)")
+        out += [f"{name}: {n['rows']} row(s) from {n['targets']} target(s)" for name, n in self.splits.items()]
         return out + [f"warning: {w}" for w in self.warnings]
 
 
@@ -527,9 +533,11 @@ class _Builder:
         self.trained: set[str] = set()     # kernel keys already trained on (or, in rl/flashinfer, already written)
         self.exclude = excluded_hashes(options.exclude) if options.exclude else set()
         self.flashinfer: dict = {"definitions": {}, "workloads": {}, "solutions": [], "traces": []}
+        self.target = ""                   # the normalized hash of the run being read (split_by)
 
     def run(self, db_path: Path, store: Store, run: dict) -> None:
-        if self.exclude and normalized_target_hash(run.get("target_source") or "") in self.exclude:
+        self.target = normalized_target_hash(run.get("target_source") or "")   # every row _add makes is this one's
+        if self.target in self.exclude:
             self.summary.excluded += 1
             return
         fmt = self.options.format
@@ -697,7 +705,8 @@ class _Builder:
                   solution["sources"][0]["content"])
 
     def _add(self, record: dict, prompt_text: str, trained_text: str, sidecar: dict | None = None) -> None:
-        self.rows.append({"record": record, "sidecar": sidecar, "prompt": len(prompt_text), "trained": len(trained_text)})
+        self.rows.append({"record": record, "sidecar": sidecar, "prompt": len(prompt_text), "trained": len(trained_text),
+                          "target": self.target})
 
 
 def _baselines(run: dict, attempt: dict) -> dict:
@@ -913,6 +922,34 @@ def _check_options(options: ExportOptions) -> None:
         raise ExportError(f"unknown --train-on {options.train_on!r} (final or all-correct)")
     if options.language and options.language not in LANGUAGES:
         raise ExportError(f"unknown language {options.language!r} (triton or ptx)")
+    if options.split_by not in (None, "target"):
+        raise ExportError(f"unknown --split-by {options.split_by!r} (target)")
+    if options.split_by and not 0 < options.test_fraction < 1:
+        raise ExportError(f"--test-fraction must lie between 0 and 1, not {options.test_fraction:g}")
+    if options.split_by and options.format == "flashinfer":
+        raise ExportError("--split-by writes train and test files; --format flashinfer writes one folder (export "
+                          "twice, with --exclude, for two)")
+
+
+def split_targets(targets: Iterable[str], test_fraction: float) -> dict[str, str]:
+    """Each target hash's split: "test" where a hash of it falls below test_fraction, so a target keeps its side as
+    runs and targets are added to later exports. With two or more targets neither side is left empty: the lowest
+    falls to test, or the highest to train."""
+    def position(target: str) -> float:
+        return int(hashlib.sha256(f"kloop-split:{target}".encode()).hexdigest()[:12], 16) / 16 ** 12
+
+    ranked = sorted(set(targets), key=position)
+    sides = {t: "test" if position(t) < test_fraction else "train" for t in ranked}
+    if len(ranked) >= 2 and "test" not in sides.values():
+        sides[ranked[0]] = "test"
+    if len(ranked) >= 2 and "train" not in sides.values():
+        sides[ranked[-1]] = "train"
+    return sides
+
+
+def split_path(out: Path, name: str) -> Path:
+    """sft.jsonl -> sft.train.jsonl, sft.test.jsonl"""
+    return out.with_name(f"{out.stem}.{name}{out.suffix}")
 
 
 def length_stats(rows: list[dict]) -> tuple[dict, int | None]:
@@ -1006,6 +1043,22 @@ def write_flashinfer(data: dict, out: Path) -> list[Path]:
     return written
 
 
+def _write_rows(rows: list[dict], out: Path, fmt: str, summary: ExportSummary) -> None:
+    """One file of rows (verl: parquet, else JSONL; openai: and its provenance sidecar), each written atomically."""
+    if not out.parent.is_dir():
+        raise ExportError(f"cannot write {out}: no such directory {out.parent}")
+    records = [row["record"] for row in rows]
+    if fmt == "verl":
+        write_parquet(records, out)
+    else:
+        write_jsonl_atomic(records, out)
+    summary.files.append(str(out))
+    if fmt == "openai":
+        sidecar = out.with_name(out.name + ".provenance.jsonl")
+        write_jsonl_atomic([{"line": i, **row["sidecar"]} for i, row in enumerate(rows)], sidecar)
+        summary.files.append(str(sidecar))
+
+
 def card_path(out: Path) -> Path:
     """README.md beside the export (inside it, for a folder); a README.md kloop did not write is never replaced."""
     folder = out if out.is_dir() else out.parent
@@ -1040,6 +1093,8 @@ and not options.all_verdicts else 'Rows carry each submission verdict (`label` i
   min speedup: {options.min_speedup}; rule-breaking trajectories: {'kept' if options.include_rejected else 'left out'}
 - duplicates left out: {summary.duplicates}; rows excluded as evaluation problems: {summary.excluded}
   ({', '.join(options.exclude) or 'no --exclude given'})
+- split: {'; '.join(f"`{split_path(out, k).name}` {v['rows']} row(s), {v['targets']} target(s)"
+                   for k, v in summary.splits.items()) + ' (no target in both)' if summary.splits else 'none'}
 - targets: {', '.join(targets)}
 - executed on: {', '.join(gpus)}
 - policies: {', '.join(policies)}
@@ -1076,21 +1131,17 @@ def export(db_paths: list[str | os.PathLike], out: str | os.PathLike, options: E
         raise ExportError(f"nothing to export: no {'' if options.all_verdicts or options.format in ('rl', 'verl') else 'verified-correct '}"
                           f"submission in {summary.runs} run(s) passes the filters"
                           + (f" ({summary.excluded} run(s) excluded as evaluation problems)" if summary.excluded else ""))
-    records = [row["record"] for row in rows]
-    if options.format == "verl":
-        write_parquet(records, out)
-        summary.files.append(str(out))
-    elif options.format == "flashinfer":
+    if options.format == "flashinfer":
         summary.files += [str(p) for p in write_flashinfer(builder.flashinfer, out)]
+    elif options.split_by:
+        sides = split_targets((row["target"] for row in rows), options.test_fraction)
+        for name in SPLITS:
+            part = [row for row in rows if sides[row["target"]] == name]
+            summary.splits[name] = {"rows": len(part), "targets": len({row["target"] for row in part})}
+            if part:
+                _write_rows(part, split_path(out, name), options.format, summary)
     else:
-        if not out.parent.is_dir():
-            raise ExportError(f"cannot write {out}: no such directory {out.parent}")
-        write_jsonl_atomic(records, out)
-        summary.files.append(str(out))
-        if options.format == "openai":
-            sidecar = out.with_name(out.name + ".provenance.jsonl")
-            write_jsonl_atomic([{"line": i, **row["sidecar"]} for i, row in enumerate(rows)], sidecar)
-            summary.files.append(str(sidecar))
+        _write_rows(rows, out, options.format, summary)
     card = card_path(out)
     _write_atomic(card, lambda f: f.write(dataset_card(options, summary, rows, out)))
     summary.files.append(str(card))
