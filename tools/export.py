@@ -1076,9 +1076,10 @@ def dataset_card(options: ExportOptions, summary: ExportSummary, rows: list[dict
     policies = sorted({f"{p.get('policy')}{'/' + p['model'] if p.get('model') else ''}" for p in provenance if p})
     isolation = sorted({str(p.get("isolation")) for p in provenance if p})
     n = summary.written
-    size = "n<1K" if n < 1000 else "1K<n<10K" if n < 10000 else "10K<n<100K"
+    size = next(name for limit, name in ((1e3, "n<1K"), (1e4, "1K<n<10K"), (1e5, "10K<n<100K"), (1e6, "100K<n<1M"),
+                                         (float("inf"), "1M<n<10M")) if n < limit)
     yaml = ["---", f"license: {options.license or 'other'}", "language:", "- en", "tags:", "- kloop", "- gpu-kernels",
-            "- triton", "- ptx", "- code", "task_categories:", "- text-generation", f"size_categories:", f"- {size}",
+            "- triton", "- ptx", "- code", "task_categories:", "- text-generation", "size_categories:", f"- {size}",
             f"pretty_name: kloop {options.format} export", "kloop_export:", f"  format: {options.format}",
             f"  kloop_version: {kloop_version()}", f"  rows: {n}", f"  file: {out.name}", "---", ""]
     lengths = "\n".join(f"- {line}" for line in summary.lines() if not line.startswith("warning"))
