@@ -28,8 +28,9 @@ def default_memory(db: Path) -> Path:
 
 def target_features(target, gpu: dict | None) -> dict:
     """What memory is keyed and searched by: op, description, input dtypes and size bucket (at the shape this
-    machine runs: the CPU size without a GPU), GPU name or 'cpu-interpreter'."""
-    dtypes, elements = [], None
+    machine runs: the CPU size without a GPU), GPU name or 'cpu-interpreter'; and the row length (the innermost
+    size of the largest input), which remembered row tiles are scaled by."""
+    dtypes, elements, row = [], None, None
     try:
         import torch
 
@@ -39,11 +40,13 @@ def target_features(target, gpu: dict | None) -> dict:
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
         dtypes = [str(t.dtype).removeprefix("torch.") for t in tensors]
         elements = sum(t.numel() for t in tensors) or None
+        largest = max(tensors, key=lambda t: t.numel(), default=None)
+        row = int(largest.shape[-1]) if largest is not None and largest.dim() else None
     except Exception:  # a target whose inputs cannot be made on the meta device: no size bucket
         pass
     bucket, log2 = size_bucket(dtypes, elements)
     return {"op": target.name, "description": target.description, "dtypes": "+".join(sorted(set(dtypes))),
-            "bucket": bucket, "size_log2": log2, "gpu": (gpu or {}).get("name") or CPU}
+            "bucket": bucket, "size_log2": log2, "gpu": (gpu or {}).get("name") or CPU, "row": row}
 
 
 def template_names(target, settings: dict) -> list[str]:
@@ -70,7 +73,7 @@ def prepare(settings: dict, target, policy: str, gpu: dict | None) -> dict:
         if policy == "offline":
             seeds = memory.seeds(template_names(target, settings), features["size_log2"], features["dtypes"],
                                  features["gpu"])
-            return {"memory_seeds": seeds} if seeds else {}
+            return {"memory_seeds": [{**seed, "to_row_length": features["row"]} for seed in seeds]} if seeds else {}
         if policy in ("anthropic", "openai"):
             words = [features["op"], *features["op"].replace("-", "_").split("_"), *features["dtypes"].split("+"),
                      *(features["description"] or "").split(), *features["gpu"].split()]
@@ -128,7 +131,7 @@ def remember_tunings(memory, store, run: dict, attempts: list[dict], features: d
         gpu = features["gpu"] if executed_on == "cuda" else CPU
         kept = memory.remember_tuning(template, features["bucket"], features["size_log2"], features["dtypes"], gpu,
                                       values, a["speedup_eager"], target_name=run["target_name"], run_id=run["id"],
-                                      attempt_id=a["id"], run_db=str(store.path))
+                                      attempt_id=a["id"], run_db=str(store.path), row_length=features.get("row"))
         if kept:
             lines.append(f"memory: tunables of {template} for {features['bucket']} on {gpu} "
                          f"(attempt {a['number']})")

@@ -4,6 +4,7 @@ FTS5 into the next run's prompt, judged and pruned; the memory commands."""
 from __future__ import annotations
 
 import json
+from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from fakes import openai_server as fo
 from tools.memory import CPU, clean_lesson, open_memory, size_bucket
 from tools.result import EvalResult, Timing
 from tools.store import open_db
+from tools.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -192,6 +194,45 @@ def test_policies_without_distill_write_no_lessons(tmp_path):
     store.close()
 
 
+def test_remembered_row_tiles_are_scaled_to_the_new_rows_first():
+    # softmax tuned over rows of 8192 kept BLOCK_COLS=1024; over rows of 16384 that tile is half as wide as it was
+    from agent.policies.offline import OfflinePolicy, scale_row_tiles
+
+    remembered = [{"template": "softmax/triton_online", "values": {"BLOCK_COLS": 1024, "NUM_WARPS": 16},
+                   "why": "T1", "row_length": 8192, "to_row_length": 16384}]
+    policy = OfflinePolicy(load_target("softmax"), remembered=remembered)
+    first, second = [read_marker(m.source)["values"] for m in islice(policy.moves(context()), 2)]
+    assert first == {"BLOCK_COLS": 2048, "NUM_WARPS": 16} and second == {"BLOCK_COLS": 1024, "NUM_WARPS": 16}
+    tiles = {"K0_R0_BLOCK": [16, 64, 1024, 4096], "K0_XBLOCK": [1, 2, 4], "K0_NUM_WARPS": [4, 8, 16]}
+    tuned = {"K0_R0_BLOCK": 1024, "K0_XBLOCK": 2, "K0_NUM_WARPS": 8}
+    assert scale_row_tiles(tuned, tiles, 8192, 2048) == {**tuned, "K0_R0_BLOCK": 64}   # 256 wanted: the nearest
+    assert scale_row_tiles(tuned, tiles, 8192, 8192) == tuned == scale_row_tiles(tuned, tiles, None, 2048)
+    # the same seed without row lengths (a memory file from before they were kept): one move, as remembered
+    policy = OfflinePolicy(load_target("softmax"), remembered=[{**remembered[0], "row_length": None}])
+    assert read_marker(next(policy.moves(context())).source)["values"] == {"BLOCK_COLS": 1024, "NUM_WARPS": 16}
+
+
+def test_a_memory_file_from_before_row_lengths_is_upgraded(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "memory.db"
+    open_memory(path).close()
+    with sqlite3.connect(path) as conn:   # the file as kloop wrote it before the column existed
+        conn.execute("ALTER TABLE tunings DROP COLUMN row_length")
+    m = open_memory(path)
+    assert m.remember_tuning("t/k", "float32 2^20", 20, "float32", "H100", {"BLOCK_COLS": 512}, 1.2, target_name="t",
+                             run_id="r", attempt_id=1, run_db="x.db", row_length=4096)
+    assert m.seeds(["t/k"], 20, "float32", "H100")[0]["row_length"] == 4096
+    m.close()
+
+
+def context():
+    from agent.policy import ProposeContext
+
+    return ProposeContext(run_id="r", branch=0, turn=1, target_name="softmax", target_source="", language="triton",
+                          gpu=None, history=[], best=None)
+
+
 # -- tuning memory end to end, and `kloop memory` -------------------------------------------------------------------
 # A seed kernel whose default SCALE is wrong: the offline search finds SCALE=1.0 on its third attempt.
 SEED = '''import torch
@@ -247,6 +288,8 @@ def test_tuning_memory_seeds_the_next_run_on_another_shape(tmp_path):
     assert read_marker(attempt["source"])["values"] == {"SCALE": 1.0} and attempt["verdict"] == "correct"
     assert "tunables that won before" in attempt["reasoning"] and "float32 2^11" in attempt["reasoning"]
     assert run2["settings"]["memory_seeds"][0]["values"] == {"SCALE": 1.0}
+    assert (run2["settings"]["memory_seeds"][0]["row_length"], run2["settings"]["memory_seeds"][0]["to_row_length"]) \
+        == (1000, 3000)   # the rows it was tuned at and this target's (no row tile here to scale)
     assert run2["settings"]["strategy"] == "metr" and attempt["parent_reason"].startswith("metr: no attempt yet")
     assert attempt["archive_cell"] == "triton|?|sol?|occ?|add_scaled"
     store.close()

@@ -2,7 +2,8 @@
 agent/learn.py, inspected with `kloop memory list|show|forget`.
 
 - tunings: the best tunables per (kernel template, shape bucket, GPU name or "cpu-interpreter"), from verified
-  attempts only (values, never a kernel). The offline policy tries them first on the next similar target.
+  attempts only (values, never a kernel), with the row length they were tuned at (the innermost size of the largest
+  input). The offline policy tries them first on the next similar target, row tiles scaled to its rows.
 - lessons: short text a model policy distilled after a run, tied to the target's features (tags: op, dtypes,
   shape bucket, GPU), with the evidence (attempt ids, speedups) it cited, retrieved by SQLite FTS5 (sqlite-utils
   enable_fts/search). EvolRule-style counters: each later run that was shown a lesson judges it supported or
@@ -78,6 +79,8 @@ class Memory:
         if tables and "memory_meta" not in tables:
             raise MemoryFileError(f"{self.path} is not a kloop memory file")
         if tables:
+            if "row_length" not in self.db["tunings"].columns_dict:   # a file from before rows were kept
+                self.db["tunings"].add_column("row_length", int)
             return
         db.enable_wal()
         with db.conn:
@@ -85,7 +88,8 @@ class Memory:
             db["tunings"].create({
                 "id": int, "template": str, "bucket": str, "size_log2": int, "dtypes": str, "gpu": str,
                 "tunables": str, "speedup": float, "target_name": str, "run_id": str, "attempt_id": int,
-                "run_db": str, "updated_at": str}, pk="id", not_null={"template", "bucket", "gpu", "tunables"})
+                "run_db": str, "updated_at": str, "row_length": int}, pk="id",
+                not_null={"template", "bucket", "gpu", "tunables"})
             db["tunings"].create_index(["template", "bucket", "gpu"], unique=True)
             db["lessons"].create({
                 "id": int, "text": str, "tags": str, "target_name": str, "gpu": str, "run_id": str, "run_db": str,
@@ -102,12 +106,13 @@ class Memory:
     # -- tuning memory ---------------------------------------------------------------------------------------------
     def remember_tuning(self, template: str, bucket: str, size_log2: int | None, dtypes: str, gpu: str,
                         tunables: dict, speedup: float | None, *, target_name: str, run_id: str, attempt_id: int,
-                        run_db: str) -> bool:
+                        run_db: str, row_length: int | None = None) -> bool:
         """Keep `tunables` for (template, bucket, gpu) if they beat what is kept (a timed speedup beats an untimed
         one or a lower one; untimed ones, as on the CPU interpreter, replace untimed ones). True if kept."""
         row = {"template": template, "bucket": bucket, "size_log2": size_log2, "dtypes": dtypes, "gpu": gpu,
                "tunables": json.dumps(tunables, sort_keys=True), "speedup": speedup, "target_name": target_name,
-               "run_id": run_id, "attempt_id": attempt_id, "run_db": run_db, "updated_at": now()}
+               "run_id": run_id, "attempt_id": attempt_id, "run_db": run_db, "updated_at": now(),
+               "row_length": row_length}
         with self._lock, self.db.conn:
             old = next(self.db["tunings"].rows_where("template = ? AND bucket = ? AND gpu = ?",
                                                      [template, bucket, gpu]), None)
@@ -121,7 +126,7 @@ class Memory:
 
     def seeds(self, templates: list[str], size_log2: int | None, dtypes: str, gpu: str) -> list[dict]:
         """Per template, the remembered tunables of the most similar target on this GPU: same dtypes first, then
-        the nearest size bucket, then the fastest. [{template, values, why, id}]"""
+        the nearest size bucket, then the fastest. [{template, values, why, id, row_length}]"""
         found = []
         with self._lock:
             for template in templates:
@@ -132,7 +137,8 @@ class Memory:
                                                 abs((r["size_log2"] or 0) - (size_log2 or 0)),
                                                 -(r["speedup"] or 0), -r["id"]))
                 found.append({"template": template, "values": json.loads(best["tunables"]), "id": best["id"],
-                              "why": f"T{best['id']}, {best['bucket']} on {best['gpu']} from run {best['run_id']}"})
+                              "why": f"T{best['id']}, {best['bucket']} on {best['gpu']} from run {best['run_id']}",
+                              "row_length": best.get("row_length")})
         return found
 
     # -- lessons ---------------------------------------------------------------------------------------------------

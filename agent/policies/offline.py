@@ -4,7 +4,9 @@ Starters: the catalog's for a built-in target, else a --seed-kernel, else the Tr
 generates for the target's reference, made standalone (agent/kernels/inductor.py; generated once per run in a child
 process and pinned in the run's settings as `inductor_starter`, so a resumed run searches the same starter).
 
-Order of moves, all deterministic given the run: (0) tunables remembered from a similar target (tools/memory.py);
+Order of moves, all deterministic given the run: (0) tunables remembered from a similar target (tools/memory.py),
+first with their row tiles (Inductor's R0_BLOCK, the catalog's BLOCK_COLS) scaled from the row length they were
+tuned at to this target's, then as remembered;
 (1) every starter for the target (branch b starts at the b-th); (2) around the search strategy's parent
 (agent/strategies; under refine that is the best attempt so far), then the best, then the next best, then any
 earlier attempt (other strategies: then the run's other verified attempts): one tunable one step up or
@@ -21,6 +23,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,7 @@ from tools.store import Store, fastest_key, source_hash
 
 MARK = "# kloop-offline: "
 FIXED_SIZE_ATTEMPTS = 3   # Inductor attempts failing only at hidden variants before the policy stops searching
+ROW_TILE = re.compile(r"(^|_)R0_BLOCK$|^BLOCK_COLS$")   # a tile along the row a kernel reduces
 NO_STARTERS = ("the offline policy needs a target or a seed kernel; give --seed-kernel FILE or use an LLM policy "
                "(--policy anthropic|openai)")
 
@@ -140,10 +145,18 @@ class OfflinePolicy:
             t = self.by_name[memory["template"]]
             values = {**t.defaults, **{k: v for k, v in (memory.get("values") or {}).items()
                                        if k in t.tunables and v in t.tunables[k]}}
-            if t.language in allowed:
-                yield Move(t.render(values), t.language,
-                           f"Start from the {t.name} {t.language} kernel with the tunables that won before "
-                           f"({format_values(values)}; memory: {memory.get('why', 'a similar target')}).")
+            if t.language not in allowed:
+                continue
+            why = memory.get("why", "a similar target")
+            old_row, new_row = memory.get("row_length"), memory.get("to_row_length")
+            scaled = scale_row_tiles(values, t.tunables, old_row, new_row)
+            if scaled != values:
+                yield Move(t.render(scaled), t.language,
+                           f"Start from the {t.name} {t.language} kernel with the tunables that won before, its row "
+                           f"tiles scaled from rows of {old_row} to {new_row} ({format_values(scaled)}; memory: {why}).")
+            yield Move(t.render(values), t.language,
+                       f"Start from the {t.name} {t.language} kernel with the tunables that won before "
+                       f"({format_values(values)}; memory: {why}).")
         offset = ctx.branch % len(self.templates)
         for t in self.templates[offset:] + self.templates[:offset]:
             if t.language in allowed:
@@ -328,6 +341,22 @@ def read_marker(source: str) -> dict | None:
         return json.loads(first[len(MARK):])
     except json.JSONDecodeError:
         return None
+
+
+def scale_row_tiles(values: dict, tunables: dict[str, list], old_row: int | None, new_row: int | None) -> dict:
+    """Remembered values with each row tile (ROW_TILE) scaled by new_row / old_row to the power of two nearest
+    that ratio, then to the nearest value its list allows: a reduction tuned over rows of 8192 with tiles of 1024
+    takes tiles of 2048 over rows of 16384. Unchanged without both row lengths."""
+    if not old_row or not new_row or old_row == new_row:
+        return values
+    factor = 2.0 ** round(math.log2(new_row / old_row))
+    scaled = dict(values)
+    for name, value in values.items():
+        allowed = [v for v in tunables.get(name, []) if isinstance(v, int) and not isinstance(v, bool)]
+        if ROW_TILE.search(name) and isinstance(value, int) and allowed:
+            want = value * factor
+            scaled[name] = min(allowed, key=lambda v: (abs(math.log2(v / want)), v))
+    return scaled
 
 
 def format_values(values: dict) -> str:
