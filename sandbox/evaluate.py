@@ -51,6 +51,7 @@ RECORDED_CALLS = 20
 # After a candidate whose inputs and outputs fill at most this fraction of the GPU's memory, the executor and referee
 # keep their allocators' caches for the next one (same target, same sizes); larger ones give the memory back.
 SHALLOW_RELEASE_FRACTION = 1 / 32
+PRUNE_TRIALS = 2   # main-shape trials timed before pruning (the faster counts: a first call may load lazily)
 
 
 @dataclass
@@ -73,6 +74,9 @@ class EvalSettings:
     small: bool | None = None         # CPU-sized shapes; default: when there is no GPU
     max_speedup: float = 10.0         # above this, re-measure and flag
     paired_calls: int = 30            # rounds of the paired re-measurement against the standing best
+    # Pruning: a candidate whose first two main-shape trials both ran more than this many times slower than the
+    # standing best of the same target is not verified further (verdict timeout, the reason says so); 0: never.
+    prune_slower_than: float = 10.0
 
     def __post_init__(self):
         if self.seed is None:
@@ -583,6 +587,7 @@ class Evaluation:
 
     def _verify(self) -> None:
         stats = Correctness(shapes=len(self.shapes))
+        trial_us: list[float] = []   # the main shape's plain trials, for pruning
         for i in range(len(self.shapes)):
             trials = [(t, False) for t in range(self.settings.trials if i == 0 else self.settings.variant_trials)]
             spreadable = False
@@ -601,10 +606,30 @@ class Evaluation:
                     return self._finish("incorrect", *self._hidden(
                         i, "incorrect", *[f"main shape, {what}: {r}" for r in reasons]))
                 spreadable = spreadable or bool(self._last_check.get("spreadable"))
+                if i == 0 and not spread:
+                    trial_us.append((self._last_run.get("ms") or 0.0) * 1e3)
+                    if len(trial_us) == PRUNE_TRIALS and self._pruned(min(trial_us), stats):
+                        return
                 if i == 0 and spreadable and trial == len(trials) - 1 and not spread:
                     trials.append((trial + 1, True))  # one more main-shape trial, on inputs that reach below 0
         self.result.correctness = stats
         self.result.verdict = "correct"
+
+    def _pruned(self, trial_us: float, stats: Correctness) -> bool:
+        """Stop here (verdict timeout) when the candidate's faster of its first main-shape trials took more than
+        prune_slower_than times the standing best's median: it cannot become the best, and its hidden variants and
+        timing would cost the search most of an evaluation. The trials' times are taken by the trusted executor, with
+        a warm L2 (faster, if anything, than the best's timed calls)."""
+        factor = self.settings.prune_slower_than
+        if not (self.session.cuda and factor and trial_us):
+            return False
+        with self.session.hold_best() as best:
+            if best is None or best.target_sha256 != self.target.sha256 or trial_us <= factor * best.median_us:
+                return False
+            self.result.correctness = stats
+            self._finish("timeout", f"pruned: its first {PRUNE_TRIALS} main-shape calls took {trial_us:.4g} us or "
+                         f"more, over {factor:g}x the standing best's {best.median_us:.4g} us; not verified further")
+        return True
 
     def _replay_and_check(self, i: int, seed: int, stats: Correctness | None, timed: bool,
                           key: str | None = None, spread: bool = False) -> list[str] | None:

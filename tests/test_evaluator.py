@@ -12,8 +12,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -349,6 +351,50 @@ def test_the_sass_of_a_ptx_kernel_that_no_longer_assembles_is_left_out_without_a
                         [Resources(kernel="twin", source="triton")])
     Evaluation._ptx_sass(SimpleNamespace(result=result))
     assert result.sass == {}
+
+
+@pytest.mark.parametrize("cuda, best_us, best_sha, factor, pruned", [
+    (True, 100.0, "this", 10.0, True),     # 1500 us against a 100 us best: over 10x
+    (True, 200.0, "this", 10.0, False),    # 7.5x: verified and timed as usual
+    (True, 100.0, "other", 10.0, False),   # another target's best says nothing about this one
+    (True, 100.0, "this", 0.0, False),     # pruning off
+    (False, 100.0, "this", 10.0, False),   # the CPU interpreter's times are not real
+    (True, None, "this", 10.0, False),     # no standing best yet
+])
+def test_a_candidate_far_slower_than_the_best_is_pruned_after_two_trials(cuda, best_us, best_sha, factor, pruned,
+                                                                          tmp_path):
+    from sandbox.evaluate import BestKernel, Evaluation
+    from tools.result import Correctness, EvalResult
+
+    session = Session.__new__(Session)
+    session.cuda, session._best_lock, session._best_users = cuda, threading.Lock(), {}
+    session.best = None if best_us is None else BestKernel(1, tmp_path, best_us, best_sha)
+    evaluation = Evaluation.__new__(Evaluation)
+    evaluation.session, evaluation.settings = session, EvalSettings(prune_slower_than=factor, seed=1)
+    evaluation.target, evaluation.result = SimpleNamespace(sha256="this"), EvalResult()
+    assert evaluation._pruned(1500.0, Correctness(trials=2)) is pruned
+    if pruned:
+        assert evaluation.result.verdict == "timeout" and evaluation.result.correctness.trials == 2
+        assert evaluation.result.reasons == ["pruned: its first 2 main-shape calls took 1500 us or more, over 10x the "
+                                             "standing best's 100 us; not verified further"]
+    else:
+        assert evaluation.result.verdict is None
+
+
+@pytest.mark.gpu
+def test_pruning_stops_a_candidate_after_two_trials_on_a_gpu(session):
+    target = load_target("vector_add")
+    source = (CANDIDATES / "honest_add.py").read_text()
+    with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as first:
+        first.assemble(), first.verify(), first.profile()
+        first.adopt_as_best(1)
+    # the best read 100x faster than it is: the same kernel is now far slower than it
+    session.best = dataclasses.replace(session.best, median_us=session.best.median_us / 100)
+    with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as again:
+        again.assemble(), again.verify(), again.profile()
+    session.forget_best()
+    assert again.result.verdict == "timeout" and again.result.reasons[0].startswith("pruned:"), again.result.reasons
+    assert again.result.correctness.trials == 2 and again.result.time_us is None
 
 
 @pytest.mark.parametrize("ratios, outcome", [
