@@ -543,7 +543,10 @@ def test_split_by_target_shares_no_target_between_train_and_test(runs_db, tmp_pa
     assert names["train"] | names["test"] == {"vector_add", "vector_mul", "vector_sub", "vector_div"}
     assert len(train) + len(test) == len(whole) and not out.exists()
     assert f"test: {len(test)} row(s) from {len(names['test'])} target(s)" in result.output
-    assert "rl.test.jsonl" in (tmp_path / "README.md").read_text()
+    assert "file: rl.train.jsonl, rl.test.jsonl" in (tmp_path / "README.md").read_text()
+    alone = run_export(db, tmp_path / "one.jsonl", "--format", "rl", "--split-by", "target", "--run", whole[0][
+        "provenance"]["run_id"])   # one target: one side only, and a warning that says so
+    assert alone.exit_code == 0 and "warning: one target only: nothing in one." in alone.output, alone.output
 
 
 def test_a_target_keeps_its_side_of_the_split_as_targets_are_added():

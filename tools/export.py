@@ -1081,7 +1081,9 @@ def dataset_card(options: ExportOptions, summary: ExportSummary, rows: list[dict
     yaml = ["---", f"license: {options.license or 'other'}", "language:", "- en", "tags:", "- kloop", "- gpu-kernels",
             "- triton", "- ptx", "- code", "task_categories:", "- text-generation", "size_categories:", f"- {size}",
             f"pretty_name: kloop {options.format} export", "kloop_export:", f"  format: {options.format}",
-            f"  kloop_version: {kloop_version()}", f"  rows: {n}", f"  file: {out.name}", "---", ""]
+            f"  kloop_version: {kloop_version()}", f"  rows: {n}",
+            f"  file: {', '.join(split_path(out, k).name for k in summary.splits) if summary.splits else out.name}",
+            "---", ""]
     lengths = "\n".join(f"- {line}" for line in summary.lines() if not line.startswith("warning"))
     body = f"""# kloop {options.format} export
 
@@ -1141,6 +1143,8 @@ def export(db_paths: list[str | os.PathLike], out: str | os.PathLike, options: E
             summary.splits[name] = {"rows": len(part), "targets": len({row["target"] for row in part})}
             if part:
                 _write_rows(part, split_path(out, name), options.format, summary)
+            else:
+                summary.warnings.append(f"one target only: nothing in {split_path(out, name).name}")
     else:
         _write_rows(rows, out, options.format, summary)
     card = card_path(out)
