@@ -381,15 +381,22 @@ def test_a_candidate_far_slower_than_the_best_is_pruned_after_two_trials(cuda, b
         assert evaluation.result.verdict is None
 
 
-@pytest.mark.gpu
-def test_pruning_stops_a_candidate_after_two_trials_on_a_gpu(session):
+def honest_add_as_a_misread_best(session, misread: float):
+    """vector_add's honest kernel judged and adopted as the standing best, its median then multiplied by `misread`
+    (a noisy timing); returns the target and the kernel's source, to be judged again against it."""
     target = load_target("vector_add")
     source = (CANDIDATES / "honest_add.py").read_text()
     with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as first:
         first.assemble(), first.verify(), first.profile()
         first.adopt_as_best(1)
+    session.best = dataclasses.replace(session.best, median_us=session.best.median_us * misread)
+    return target, source
+
+
+@pytest.mark.gpu
+def test_pruning_stops_a_candidate_after_two_trials_on_a_gpu(session):
     # the best read 100x faster than it is: the same kernel is now far slower than it
-    session.best = dataclasses.replace(session.best, median_us=session.best.median_us / 100)
+    target, source = honest_add_as_a_misread_best(session, 1 / 100)
     with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as again:
         again.assemble(), again.verify(), again.profile()
     session.forget_best()
@@ -537,13 +544,8 @@ def test_outputs_viewing_one_buffer_leave_no_memory_behind(session):
 
 @pytest.mark.gpu
 def test_the_same_kernel_against_itself_is_a_tie(session):
-    target = load_target("vector_add")
-    source = (CANDIDATES / "honest_add.py").read_text()
-    with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as first:
-        first.assemble(), first.verify(), first.profile()
-        first.adopt_as_best(1)
     # the best's own timing read slow, as a noisy one can: every challenger now looks faster and is paired with it
-    session.best = dataclasses.replace(session.best, median_us=session.best.median_us * 100)
+    target, source = honest_add_as_a_misread_best(session, 100)
     outcomes = []
     for _ in range(3):
         with session.evaluation(target, source, EvalSettings(baselines=("eager",))) as again:
