@@ -195,13 +195,13 @@ def test_policies_without_distill_write_no_lessons(tmp_path):
 
 
 def test_remembered_row_tiles_are_scaled_to_the_new_rows_first():
-    # softmax tuned over rows of 8192 kept BLOCK_COLS=1024; over rows of 16384 that tile is half as wide as it was
+    # softmax tuned over rows of 8192 kept BLOCK_COLS=1024; on rows of 16384 the same share of a row is 2048
     from agent.policies.offline import OfflinePolicy, scale_row_tiles
 
     remembered = [{"template": "softmax/triton_online", "values": {"BLOCK_COLS": 1024, "NUM_WARPS": 16},
                    "why": "T1", "row_length": 8192, "to_row_length": 16384}]
     policy = OfflinePolicy(load_target("softmax"), remembered=remembered)
-    first, second = [read_marker(m.source)["values"] for m in islice(policy.moves(context()), 2)]
+    first, second = [read_marker(m.source)["values"] for m in islice(policy.moves(softmax_context()), 2)]
     assert first == {"BLOCK_COLS": 2048, "NUM_WARPS": 16} and second == {"BLOCK_COLS": 1024, "NUM_WARPS": 16}
     tiles = {"K0_R0_BLOCK": [16, 64, 1024, 4096], "K0_XBLOCK": [1, 2, 4], "K0_NUM_WARPS": [4, 8, 16]}
     tuned = {"K0_R0_BLOCK": 1024, "K0_XBLOCK": 2, "K0_NUM_WARPS": 8}
@@ -209,7 +209,7 @@ def test_remembered_row_tiles_are_scaled_to_the_new_rows_first():
     assert scale_row_tiles(tuned, tiles, 8192, 8192) == tuned == scale_row_tiles(tuned, tiles, None, 2048)
     # the same seed without row lengths (a memory file from before they were kept): one move, as remembered
     policy = OfflinePolicy(load_target("softmax"), remembered=[{**remembered[0], "row_length": None}])
-    assert read_marker(next(policy.moves(context())).source)["values"] == {"BLOCK_COLS": 1024, "NUM_WARPS": 16}
+    assert read_marker(next(policy.moves(softmax_context())).source)["values"] == {"BLOCK_COLS": 1024, "NUM_WARPS": 16}
 
 
 def test_a_memory_file_from_before_row_lengths_is_upgraded(tmp_path):
@@ -226,7 +226,7 @@ def test_a_memory_file_from_before_row_lengths_is_upgraded(tmp_path):
     m.close()
 
 
-def context():
+def softmax_context():
     from agent.policy import ProposeContext
 
     return ProposeContext(run_id="r", branch=0, turn=1, target_name="softmax", target_source="", language="triton",
