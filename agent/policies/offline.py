@@ -5,18 +5,18 @@ generates for the target's reference, made standalone (agent/kernels/inductor.py
 process and pinned in the run's settings as `inductor_starter`, so a resumed run searches the same starter).
 
 Order of moves, all deterministic given the run: (0) tunables remembered from a similar target (tools/memory.py),
-first with their row tiles (Inductor's R0_BLOCK, the catalog's BLOCK_COLS) scaled from the row length they were
-tuned at to this target's, then as remembered;
-(1) every starter for the target (branch b starts at the b-th); (2) around the search strategy's parent
-(agent/strategies; under refine that is the best attempt so far), then the best, then the next best, then any
-earlier attempt (other strategies: then the run's other verified attempts): one tunable one step up or
-down its list, the step chosen from the reflect node's diagnosis, then two steps; PTX edits of a Triton attempt's PTX
-(cache hints) come between the two when the kernel is memory-bound below 80% of bandwidth, last otherwise; they compile the attempt's Triton
-source for the target's main shape in a subprocess (once per source; specialized and generic PTX, see
-agent/kernels/ptx_edits.py). A source already tried (by hash) is never proposed again. Each candidate's first line
-records its starter and values, so the search can resume from any attempt in the database. When the Inductor
-starter and its first neighbours pass the main shape but all fail a hidden variant, the policy stops and says why:
-torch.compile fixed a size the variants change, which no tunable undoes.
+first with their row tiles (Inductor's R0_BLOCK, the catalog's BLOCK_COLS) scaled from the row length they were tuned
+at to this target's, then as remembered; (1) every starter for the target (branch b starts at the b-th); (2) around
+the search strategy's parent (agent/strategies; under refine that is the best attempt so far), then the best, then
+the next best, then any earlier attempt (other strategies: then the run's other verified attempts): one tunable one
+step up or down its list, the step chosen from the reflect node's diagnosis, then two steps; PTX edits of a Triton
+attempt's PTX (cache hints) come between the two when the kernel is memory-bound below 80% of bandwidth, last
+otherwise (where the anchor has no PTX twin, the fastest attempt with one gets its PTX moves after the anchor's
+one-step moves); they compile the attempt's Triton source for the target's main shape in a subprocess (once per
+source; specialized and generic PTX, see agent/kernels/ptx_edits.py). A source already tried (by hash) is never
+proposed again. Each candidate's first line records its starter and values, so the search can resume from any attempt
+in the database. When the Inductor starter and its first neighbours pass the main shape but all fail a hidden
+variant, the policy stops and says why: torch.compile fixed a size the variants change, which no tunable undoes.
 """
 from __future__ import annotations
 
@@ -163,13 +163,20 @@ class OfflinePolicy:
                 yield Move(t.render(t.defaults), t.language,
                            f"Start from the {t.name} {t.language} kernel with its default settings "
                            f"({format_values(t.defaults)}). {t.notes}".strip())
-        for anchor in anchors(ctx, self.run_attempts(ctx)):
+        ranked = anchors(ctx, self.run_attempts(ctx))
+        # The fastest attempt that has a PTX twin: where the best has none (a TMA matmul's tensor descriptors), its
+        # PTX moves come after the best's one-step moves, not after every better attempt's whole neighbourhood.
+        twin = next((a for a in ranked if self.has_ptx_twin(a)), None) if "ptx" in allowed else None
+        for anchor in ranked:
             facts = diagnose(anchor.result)[1]
             about = describe(anchor)
             ptx_moves = self.ptx_moves(anchor, about) if "ptx" in allowed else iter(())
             # One-step tuning first: a better neighbour becomes the next anchor, so cache hints are tried on a
             # local optimum. Memory-bound kernels with room get them before the two-step moves, others after.
             yield from self.tuning_moves(anchor, facts, about, allowed, step=1, gpu=ctx.gpu)
+            if twin is not None and not self.has_ptx_twin(anchor):
+                yield from self.ptx_moves(twin, describe(twin))
+                twin = None
             if facts.get("memory_room"):
                 yield from ptx_moves
             yield from self.tuning_moves(anchor, facts, about, allowed, step=2, gpu=ctx.gpu)
@@ -198,15 +205,21 @@ class OfflinePolicy:
                     yield Move(template.render(new), template.language,
                                f"{about} Next: {name} {values[name]} -> {options[i]}, {why}.")
 
+    def has_ptx_twin(self, attempt: AttemptView) -> bool:
+        """A correct catalog Triton attempt that a GPU run compiled to one PTX module, of a template whose launch
+        convention a PTX candidate can take over."""
+        marker = read_marker(attempt.source)
+        return (attempt.language == "triton" and attempt.verdict == "correct" and bool(marker)
+                and "ptx_edit" not in marker and marker.get("template") in self.by_name
+                and self.by_name[marker["template"]].ptx_twin and self.target is not None
+                and len(attempt.result.ptx) == 1)
+
     def ptx_moves(self, anchor: AttemptView, about: str) -> Iterator[Move]:
         """The anchor's kernel as a PTX candidate (specialized + generic PTX, compiled here for the main shape), then
-        its cache-hint variants. Only for a correct catalog Triton attempt that a GPU run compiled to PTX."""
-        marker = read_marker(anchor.source)
-        if (anchor.language != "triton" or anchor.verdict != "correct" or not marker or "ptx_edit" in marker
-                or marker.get("template") not in self.by_name or not self.by_name[marker["template"]].ptx_twin
-                or self.target is None
-                or len(anchor.result.ptx) != 1):
+        its cache-hint variants. Only for an attempt with a PTX twin (has_ptx_twin)."""
+        if not self.has_ptx_twin(anchor):
             return
+        marker = read_marker(anchor.source)
         from agent.kernels import ptx_edits
         compiled = self.ptx_compilations(anchor.source)
         if not compiled:
