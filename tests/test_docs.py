@@ -1,6 +1,8 @@
 """The docs checked against the code, as sqlite-utils tests its docs: docs/design.md's first screen against the
 folder tree, its lists of EvalResult fields, Proposal fields and run-database columns against the dataclasses and
-the schema `open_db` creates, and the README's SQL against a database kloop made. A field or column added, renamed or dropped fails here until the docs say so."""
+the schema `open_db` creates, the README's SQL against a database kloop made, and every `kloop` command the README
+shows against the CLI. A field, column, command or option added, renamed or dropped fails here until the docs say
+so."""
 from __future__ import annotations
 
 import dataclasses
@@ -116,3 +118,42 @@ def test_the_readme_sql_runs_on_a_database_kloop_made(tmp_path):
         except sqlite3.Error as e:
             pytest.fail(f"README query fails ({e}):\n{query}")
     conn.close()
+
+
+def readme_commands() -> list[str]:
+    """Every `kloop ...` command line of the README's bash blocks (continuations joined, comments dropped), and the
+    synopsis opening each row of its command table (`kloop CMD [SUBCMD] ... [--option ...]`: the command words and
+    the options)."""
+    commands = []
+    for synopsis in re.findall(r"^\| `(kloop [^`]*)`", README, re.M):
+        words = synopsis.replace("\\|", " ").split()[1:]
+        # the command alone: `kloop memory list|show|forget ... [--retired]` is checked against all its subcommands
+        commands.append(" ".join(["kloop", words[0], *re.findall(r"--[a-z][a-z0-9-]*", synopsis)]))
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" # ", 1)[0].strip()
+            words = line.split()
+            while words and re.match(r"^[A-Z_]+=", words[0]):   # ANTHROPIC_API_KEY=... kloop ...
+                words.pop(0)
+            if words[:1] == ["kloop"]:
+                commands.append(" ".join(words))
+    return commands
+
+
+def test_every_kloop_command_in_the_readme_exists_with_its_options():
+    import typer
+
+    from agent.cli import app
+
+    commands = readme_commands()
+    assert len(commands) >= 20
+    for command in commands:
+        words = command.split()[1:]
+        root = cli = typer.main.get_command(app)
+        while hasattr(cli, "commands") and words and words[0] in cli.commands:   # groups (typer vendors click)
+            cli = cli.commands[words.pop(0)]
+        assert cli is not root, f"README: no such kloop command in {command!r}"
+        subcommands = list(cli.commands.values()) if hasattr(cli, "commands") else [cli]
+        known = {opt for c in subcommands for param in c.params for opt in param.opts + param.secondary_opts}
+        unknown = [w.split("=")[0] for w in words if w.startswith("--") and w.split("=")[0] not in known]
+        assert not unknown, f"README: {command!r} uses {unknown}, which kloop {cli.name} does not take"
