@@ -6,12 +6,11 @@
 What it shows: that each problem gets a verdict (never a traceback or an out-of-memory crash of kloop), how long the
 evaluation took, the speedup over each baseline asked for (and the median and interquartile range of each timed
 party), and the peak GPU memory over all processes (NVML, sampled every 20 ms, above what was in use before; 0
-without NVML) against the bytes of one set of inputs and outputs. A
-copy candidate is wrong for nearly every problem (a `correct` is an evaluator hole worth a look), so it is refused
-at its first trial; --starters judges each problem's Inductor starter instead, which is right for most and so goes
-through every stage (all trials, the timing, the baselines asked for): the evaluator's whole path at full size. One
-JSON line per problem, appended to --out; problems already there are skipped, so a stopped sweep goes on where it
-stopped. A summary last.
+without NVML) against the bytes of one set of inputs and outputs. A copy candidate is wrong for nearly every problem
+(a `correct` is an evaluator hole worth a look), so it is refused at its first trial; --starters judges each
+problem's Inductor starter instead, which is right for most and so goes through every stage (all trials, the timing,
+the baselines asked for): the evaluator's whole path at full size. One JSON line per problem, appended to --out;
+problems already there are skipped, so a stopped sweep goes on where it stopped. A summary last.
 """
 from __future__ import annotations
 

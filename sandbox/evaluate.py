@@ -606,7 +606,7 @@ class Evaluation:
                     return self._finish("incorrect", *self._hidden(
                         i, "incorrect", *[f"main shape, {what}: {r}" for r in reasons]))
                 spreadable = spreadable or bool(self._last_check.get("spreadable"))
-                if i == 0 and not spread:
+                if i == 0 and not spread and len(trial_us) < PRUNE_TRIALS:
                     trial_us.append((self._last_run.get("ms") or 0.0) * 1e3)
                     if len(trial_us) == PRUNE_TRIALS and self._pruned(min(trial_us), stats):
                         return
