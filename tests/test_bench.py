@@ -161,3 +161,39 @@ def test_matmul_shape_reads_the_main_shape():
     assert bench.matmul_shape(target, small=False) == (4096, 4096, 4096)
     assert bench.matmul_shape(target, small=True) == (64, 48, 80)
     assert target.module.M == 4096   # the overrides are undone
+
+
+def test_sass_evidence_counts_hopper_instructions_of_each_languages_best(tmp_path):
+    import dataclasses
+
+    import evaluated
+    from tools.store import attempt_columns
+
+    wgmma_tma = "HGMMA.64x256x16.F32.BF16 R24, gdesc[UR4] ;\nUTMALDG.2D [UR8], [UR10] ;\nUTMALDG.2D [UR8], [UR12] ;\n" \
+                "UTMASTG.2D [UR6], [UR14] ;\n// HGMMA in a comment is a mention, not an instruction"
+    cp_async = "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4] ;\nLDGSTS.E.BYPASS.128 [R3], desc[UR8][R4.64] ;\n"
+    store = open_db(tmp_path / "runs.db")
+    run_id = store.create_run(target_name="matmul_bf16", policy="offline")
+    for language, us, sass in (("triton", 1400.0, "LDG.E R2, [R4] ;"), ("triton", 1380.0, wgmma_tma),
+                               ("ptx", 1550.0, cp_async), ("ptx", 90.0, "")):
+        r = dataclasses.replace(evaluated.result("correct", us, eager_us=1390.0, gpu=evaluated.H200, language=language),
+                                sass={"matmul_kernel": sass})
+        if us == 90.0:   # the fastest PTX attempt was wrong: it is no evidence
+            r = evaluated.result("incorrect", language="ptx", sass={"matmul_kernel": sass})
+        store.add_attempt(run_id, source=f"# {language} {us}", **attempt_columns(r))
+    store.close()
+    out = tmp_path / "sass.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench/sass_evidence.py"), str(tmp_path / "runs.db"),
+                           "--json", str(out)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["language"]: row for row in json.loads(out.read_text())}
+    assert rows["triton"]["attempt"] == 2 and rows["triton"]["median_us"] == 1380.0
+    assert {k: v for k, v in rows["triton"]["sass_ops"]["matmul_kernel"].items() if v} == \
+        {"HGMMA": 1, "UTMALDG": 2, "UTMASTG": 1}
+    assert rows["ptx"]["attempt"] == 3
+    assert {k: v for k, v in rows["ptx"]["sass_ops"]["matmul_kernel"].items() if v} == {"HGMMA": 1, "LDGSTS": 1}
+    assert "best triton #2 1380.0 us  matmul_kernel: HGMMA=1 UTMALDG=2 UTMASTG=1" in proc.stdout
+
+    bad = subprocess.run([sys.executable, str(REPO / "bench/sass_evidence.py"), str(tmp_path / "none.db")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error:")
