@@ -126,16 +126,26 @@ class Executor:
             return {"status": "not_run", "message": "no CUDA GPU: the PTX was assembled but cannot run here"}
         kernels = [self._kernel(k, plan) for k in plan.kernels]
         allocs = [torch.empty(n, dtype=torch.uint8, device=DEVICE) for n in plan.allocs]
-        state = []
-        for entry in plan.state:
-            data = planfmt.read_untrusted(plan.blob_path(entry["blob"]), entry["nbytes"], exact=entry["nbytes"])
-            state.append(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(DEVICE) if data else
-                         torch.empty(0, dtype=torch.uint8, device=DEVICE))
+        state = [self._state(plan, entry) for entry in plan.state]
         loaded = Loaded(plan, shape, kernels, allocs, state)
         loaded.outputs = [view(allocs[o.ref.index], o.offset, o.dtype, o.shape, o.stride) for o in plan.outputs]
         self.loaded[key] = loaded
         return {"status": "ok", "resources": [self._resources(k, plan, kernel)
                                               for k, kernel in zip(plan.kernels, kernels)]}
+
+    @staticmethod
+    def _state(plan: planfmt.Plan, entry: dict) -> torch.Tensor:
+        """A state snapshot on the device, filled a part at a time (host memory holds one part, not the whole)."""
+        state = torch.empty(entry["nbytes"], dtype=torch.uint8, device=DEVICE)
+        at = 0
+        for name in entry["blobs"]:
+            data = planfmt.read_untrusted(plan.blob_path(name), entry["nbytes"] - at)
+            if data:
+                state[at:at + len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+            at += len(data)
+        if at != entry["nbytes"]:
+            raise planfmt.PlanError(f"the state's blobs hold {at} bytes, not its {entry['nbytes']}")
+        return state
 
     def inputs(self, shape: str, seed: int, spread: bool = False) -> dict:
         old = self.held.get(shape)

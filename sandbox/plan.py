@@ -24,10 +24,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-VERSION = 1
+VERSION = 2                      # 2: state travels in parts (a list of blobs), each under the jail's file limit
 PLAN_FILE = "plan.json"
 MAX_PLAN_JSON = 32 << 20         # the JSON itself (sources, PTX, metadata); blobs are separate files
-MAX_BLOBS_BYTES = 8 << 30        # cubins and state snapshots together
+MAX_BLOBS_BYTES = 64 << 30       # cubins and state snapshots together (KernelBench's widest MLP holds 8 GiB)
+STATE_PART_BYTES = 1 << 30       # a state snapshot's part, at most (and at most half the file-size limit)
 MAX_STEPS = 4096
 MAX_KERNELS = 256
 MAX_BUFFERS = 4096
@@ -153,7 +154,7 @@ class OutputSpec:
 class Plan:
     inputs: list[InputSpec]
     allocs: list[int]          # bytes of each allocation made in forward
-    state: list[dict]          # {"nbytes": n, "blob": file name}
+    state: list[dict]          # {"nbytes": n, "blobs": [file name of each part, in order]}
     kernels: list[Kernel]
     steps: list
     outputs: list[OutputSpec]
@@ -174,6 +175,15 @@ class Plan:
 
 
 # -- writing (the planner side) ---------------------------------------------------------------------------------------
+def state_part_bytes() -> int:
+    """How large a part of a state snapshot this process writes: STATE_PART_BYTES, or half its RLIMIT_FSIZE when
+    that is lower (the jail's limit guards the disk against a runaway output, not against a large weight)."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return STATE_PART_BYTES if limit == resource.RLIM_INFINITY else max(1, min(STATE_PART_BYTES, limit // 2))
+
+
 def dump(plan: dict, directory: Path) -> Path:
     """Write a plan's JSON (blobs are written by the caller beside it). Used by the untrusted planner."""
     path = Path(directory) / PLAN_FILE
@@ -287,21 +297,27 @@ class _Checker:
     def state(self, raw) -> dict:
         d = _obj(raw, "state")
         nbytes = _int(d.get("nbytes"), "state size", 0, 1 << 40)
-        name = _blob_name(d.get("blob"))
-        self._blob(name, nbytes)
-        return {"nbytes": nbytes, "blob": name}
+        names = [_blob_name(name) for name in _list(d.get("blobs"), "state blobs", MAX_BUFFERS)]
+        if not names or len(set(names)) != len(names):
+            raise PlanError("a state needs one or more distinct blobs")
+        sizes = [self._blob(name) for name in names]
+        if sum(sizes) != nbytes:
+            raise PlanError(f"the blobs of a state hold {sum(sizes)} bytes, not its {nbytes}")
+        return {"nbytes": nbytes, "blobs": names}
 
-    def _blob(self, name: str, nbytes: int) -> None:
+    def _blob(self, name: str, nbytes: int | None = None) -> int:
         path = self.directory / name
         try:
             info = os.lstat(path)
         except OSError:
             raise PlanError(f"blob {name} is missing") from None
-        if not stat.S_ISREG(info.st_mode) or info.st_size != nbytes:
-            raise PlanError(f"blob {name} is not a regular file of {nbytes} bytes")
-        self.blob_bytes += nbytes
+        if not stat.S_ISREG(info.st_mode) or (nbytes is not None and info.st_size != nbytes):
+            raise PlanError(f"blob {name} is not a regular file" + (f" of {nbytes} bytes" if nbytes is not None
+                                                                     else ""))
+        self.blob_bytes += info.st_size
         if self.blob_bytes > MAX_BLOBS_BYTES:
             raise PlanError("the plan's binaries and state exceed the size limit")
+        return info.st_size
 
     def kernel(self, raw) -> Kernel:
         d = _obj(raw, "kernel")

@@ -84,15 +84,25 @@ class _Buffers:
         base = storage.data_ptr()
         if base not in self.by_base:
             ref = planfmt.Ref("state", len(self.state))
-            name = f"state-{ref.index}.bin"
-            if self.out_dir is not None:
-                raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),), (1,))
-                raw.cpu().numpy().tofile(self.out_dir / name)
-            self.state.append({"nbytes": storage.nbytes(), "blob": name})
+            names = self._snapshot(storage, t.device, ref.index)
+            self.state.append({"nbytes": storage.nbytes(), "blobs": names})
             self.by_base[base] = (ref, storage)
             self.keep.append(storage)
         ref, _ = self.by_base[base]
         return ref, t.data_ptr() - base
+
+    def _snapshot(self, storage, device: torch.device, index: int) -> list[str]:
+        """The storage's bytes as files of at most planfmt.state_part_bytes() each, copied a part at a time: a
+        weight larger than the jail's file-size limit (a 32768 x 32768 fp32 Linear is 4 GiB) or than its memory
+        limit still travels."""
+        nbytes = storage.nbytes()
+        step = planfmt.state_part_bytes()
+        names = [f"state-{index}-{j}.bin" for j in range(max(1, -(-nbytes // step)))]
+        if self.out_dir is not None:
+            raw = torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (nbytes,), (1,))
+            for j, name in enumerate(names):
+                raw[j * step:(j + 1) * step].cpu().numpy().tofile(self.out_dir / name)
+        return names
 
     def ref_of_address(self, address: int) -> tuple[planfmt.Ref, int] | None:
         for base, (ref, storage) in self.by_base.items():

@@ -88,6 +88,20 @@ def test_honest_kernels_of_every_kind_are_credited(session, target, name):
     assert r.resources and r.resources[0].launches >= 1
 
 
+def test_a_weight_larger_than_the_jails_file_limit_travels_in_parts(tmp_path):
+    """KernelBench's 55_Matmul_MaxPool_Sum_Scale holds a 4 GiB weight; the jail lets a file grow to 2 GiB. Here the
+    same, scaled down: a 512 KiB weight, files limited to 256 KiB. The planner writes the snapshot in parts."""
+    source = (TARGETS / "tiny_linear.py").read_text().replace("in_features = 48", "in_features = 512") \
+        .replace("out_features = 40", "out_features = 256")
+    (tmp_path / "wide_linear.py").write_text(source)
+    target = load_target(str(tmp_path / "wide_linear.py"))
+    with Session(spares=0) as small:
+        small.pool.limits = jail.Limits(file_bytes=256 << 10)   # before any planner starts
+        r = judge(target, "honest_linear", small)
+    assert r.verdict == "correct", r.reasons
+    assert r.correctness.max_abs_err < 1e-3
+
+
 @pytest.mark.parametrize("name, verdict, why", [
     ("torch_compute", "rejected", "PyTorch ops"),
     ("defined_not_launched", "rejected", "PyTorch ops"),

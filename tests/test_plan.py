@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sandbox.plan import Descriptor, PlanError, Ref, load_plan, tensordesc_type
+from sandbox.plan import VERSION, Descriptor, PlanError, Ref, load_plan, tensordesc_type
 
 ROWS, COLS = 64, 96                       # a bf16 input: 64 rows of 192 bytes
 INPUT_BYTES = ROWS * COLS * 2
@@ -20,7 +20,7 @@ def _plan(tmp_path, args, signature=None, metadata=None, grid=(4, 1, 1), allocs=
     step = {"op": "launch", "kernel": 0, "grid": list(grid), "args": args}
     if scratch is not None:
         step["scratch"] = scratch
-    plan = {"version": 1, "inputs": [{"dtype": "bfloat16", "shape": [ROWS, COLS], "stride": [COLS, 1],
+    plan = {"version": VERSION, "inputs": [{"dtype": "bfloat16", "shape": [ROWS, COLS], "stride": [COLS, 1],
                                       "nbytes": INPUT_BYTES}],
             "allocs": list(allocs), "state": [], "kernels": [kernel], "steps": [step],
             "outputs": [{"ref": ["alloc", 0], "offset": 0, "dtype": "bfloat16", "shape": [ROWS, COLS],
@@ -119,3 +119,48 @@ def test_global_scratch_is_a_plan_allocation_sized_by_trusted_code(tmp_path):
         load_plan(_plan(tmp_path, SCALAR_ARGS, SCALAR_SIGNATURE, {"profile_scratch_size": 64}))
     with pytest.raises(PlanError, match="global_scratch_size must be an integer"):
         load_plan(_plan(tmp_path, SCALAR_ARGS, SCALAR_SIGNATURE, {"global_scratch_size": -1}))
+
+
+def _with_state(tmp_path, state, parts=(("state-0-0.bin", 8), ("state-0-1.bin", 4))):
+    path = _plan(tmp_path, [_desc(), OUT, BLOCK])
+    for name, size in parts:
+        (tmp_path / name).write_bytes(b"\1" * size)
+    plan = json.loads(path.read_text())
+    plan["state"] = [state]
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def test_a_state_travels_in_parts_that_add_up_to_its_size(tmp_path):
+    plan = load_plan(_with_state(tmp_path, {"nbytes": 12, "blobs": ["state-0-0.bin", "state-0-1.bin"]}))
+    assert plan.state == [{"nbytes": 12, "blobs": ["state-0-0.bin", "state-0-1.bin"]}]
+
+
+@pytest.mark.parametrize("state, why", [
+    ({"nbytes": 16, "blobs": ["state-0-0.bin", "state-0-1.bin"]}, "hold 12 bytes, not its 16"),
+    ({"nbytes": 16, "blobs": ["state-0-0.bin", "state-0-0.bin"]}, "distinct blobs"),   # one part counted twice
+    ({"nbytes": 0, "blobs": []}, "one or more distinct blobs"),
+    ({"nbytes": 12, "blobs": ["state-0-0.bin", "state-0-2.bin"]}, "blob state-0-2.bin is missing"),
+    ({"nbytes": 12, "blobs": ["../state-0-0.bin"]}, "plain file name"),
+    ({"nbytes": 12, "blobs": "state-0-0.bin"}, "state blobs"),
+    ({"nbytes": 12, "blob": "state-0-0.bin"}, "state blobs"),    # version 1's single blob
+])
+def test_a_state_whose_parts_do_not_add_up_is_refused(tmp_path, state, why):
+    with pytest.raises(PlanError) as error:
+        load_plan(_with_state(tmp_path, state))
+    assert why in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_state_part_is_half_the_file_size_limit_at_most():
+    import resource
+
+    from sandbox.plan import STATE_PART_BYTES, state_part_bytes
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    assert state_part_bytes() == (STATE_PART_BYTES if soft == resource.RLIM_INFINITY
+                                  else min(STATE_PART_BYTES, soft // 2))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    try:
+        assert state_part_bytes() == 1 << 19
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
