@@ -38,15 +38,23 @@ class ChildTimeout(Exception):
     pass
 
 
+SHM_MIN_BYTES = 16 << 30  # a /dev/shm smaller than this cannot hold a large target's weights (twice, as plan parts)
+
+
 def scratch_root() -> Path:
-    """Where children's working directories go: $KLOOP_SCRATCH, else RAM when there is /dev/shm (plans and outputs
-    are written there), else the temp dir."""
+    """Where children's working directories go: $KLOOP_SCRATCH, else RAM when there is a large /dev/shm (plans and
+    their state are written there), else the temp dir. A container's /dev/shm is often 64 MB. Decided by the mount's
+    size, not its free space, so every session on a node picks the same root (the GPU users' registry is there)."""
     if os.environ.get("KLOOP_SCRATCH"):
         root = Path(os.environ["KLOOP_SCRATCH"])
         root.mkdir(parents=True, exist_ok=True)
         return root
     shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    try:
+        large = shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).total >= SHM_MIN_BYTES
+    except OSError:
+        large = False
+    return shm if large else Path(tempfile.gettempdir())
 
 
 def clean_env(workdir: Path, cuda: bool) -> dict:

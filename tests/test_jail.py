@@ -473,3 +473,20 @@ def test_cuda_in_the_jail(workdir):
     assert seen["nvml"][:2] == [0, 0] and seen["nvml"][2] >= 1, seen
     assert seen["device_4gib"] == 1 << 30 and seen["pinned_1gib"] == 1 << 28, seen
     assert "/dev/nvidiactl" in seen["nodes"] and "/dev/nvidia-uvm" in seen["nodes"], seen
+
+
+def test_scratch_goes_to_ram_only_when_dev_shm_can_hold_a_large_target(monkeypatch):
+    """A container's 64 MB /dev/shm would refuse a weight's state files: the temp dir instead. Decided by the mount's
+    size, never its free space, so every session of a node agrees on the root (the GPU users' registry lives there)."""
+    import collections
+
+    from sandbox import process
+
+    if not (os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK)):
+        pytest.skip("no writable /dev/shm here")
+    monkeypatch.delenv("KLOOP_SCRATCH", raising=False)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(64 << 20, 0, 64 << 20))
+    assert process.scratch_root() == Path(tempfile.gettempdir())
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(64 << 30, 63 << 30, 1 << 30))   # nearly full
+    assert process.scratch_root() == Path("/dev/shm")
