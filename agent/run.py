@@ -238,9 +238,9 @@ def planners_for(settings: dict, devices: int, target=None) -> int:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     by_cores = max(1, min(16 * devices, cores - 2 * devices - 1))
-    from sandbox.pipeline import PLANNER_GPU_BYTES, PLANNER_MEMORY_SHARE
+    from sandbox.pipeline import PLANNER_GPU_BYTES, PLANNER_MEMORY_SHARE, planner_bytes
 
-    per_planner = PLANNER_GPU_BYTES + (target.io_bytes(False) if target is not None else 0)
+    per_planner = planner_bytes(target) if target is not None else PLANNER_GPU_BYTES
     per_gpu = int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE // per_planner)
     return max(1, min(by_cores, per_gpu * devices))
 

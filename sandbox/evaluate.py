@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.plan import ITEMSIZE, PlanError, copy_plan, load_plan
-from sandbox import pool
+from sandbox import jail, pool
 from sandbox.pool import WarmPool
 from sandbox.process import Child, ChildDied, ChildTimeout, read_limited, scratch_root
 from tools import profile, rules
@@ -51,6 +51,7 @@ RECORDED_CALLS = 20
 # After a candidate whose inputs and outputs fill at most this fraction of the GPU's memory, the executor and referee
 # keep their allocators' caches for the next one (same target, same sizes); larger ones give the memory back.
 SHALLOW_RELEASE_FRACTION = 1 / 32
+LARGE_STATE_BYTES = 1 << 30  # weights above this get jailed processes with room for them, not the warm spares
 PRUNE_TRIALS = 2   # main-shape trials timed before pruning (the faster counts: a first call may load lazily)
 
 
@@ -404,6 +405,11 @@ class Evaluation:
             self._plan()
         return self.result
 
+    def _jail_limits(self) -> jail.Limits | None:
+        """Room for the target's weights where they are large (None: the warm spares' defaults suffice)."""
+        state = self.target.state_bytes(small=not self.session.cuda)
+        return jail.Limits.holding(state) if state > LARGE_STATE_BYTES else None
+
     def _plan(self) -> None:
         try:
             broken = rules.check_source(self.source)
@@ -412,7 +418,7 @@ class Evaluation:
         if broken:
             return self._finish("rejected", *broken)
         began = time.perf_counter()
-        self.planner = self.session.pool.acquire("planner")
+        self.planner = self.session.pool.acquire("planner", limits=self._jail_limits())
         self._waited("planner:acquire", began)
         if self.abandoned:
             return self._close_planner()
@@ -516,7 +522,7 @@ class Evaluation:
             self.result.gpu = device.gpu()
         else:
             began = time.perf_counter()
-            self.executor = self.session.pool.acquire("executor")
+            self.executor = self.session.pool.acquire("executor", limits=self._jail_limits())
             self._waited("executor:acquire", began)
         self.keys = [f"e{self.index}:{i}" for i in range(len(self.shapes))]
         for i, (shape, key) in enumerate(zip(self.shapes, self.shape_keys)):

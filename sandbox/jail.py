@@ -45,6 +45,7 @@ one from one dedicated thread of this module, which ends only when the interpret
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
 import os
@@ -82,6 +83,13 @@ class Limits:
     cpu_seconds: int | None = None      # RLIMIT_CPU sums all threads; callers' wall-clock deadlines come first
     processes: int | None = 4096        # RLIMIT_NPROC: threads of all jails together (torch starts one per core)
     open_files: int | None = 4096       # RLIMIT_NOFILE
+
+    @classmethod
+    def holding(cls, state_bytes: int) -> "Limits":
+        """The defaults, with memory for a target's weights twice over: a candidate builds its model on the host
+        before moving it to the GPU (KernelBench's convention; an 8 GiB MLP exists), and may keep a second layout."""
+        base = cls()
+        return dataclasses.replace(base, memory_bytes=base.memory_bytes + 2 * state_bytes)
 
 
 def detect() -> Isolation:

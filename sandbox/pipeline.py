@@ -36,11 +36,17 @@ PLANNER_GPU_BYTES = 1 << 30   # a planner's CUDA context and Triton's working se
 PLANNER_MEMORY_SHARE = 0.4    # of the GPUs' memory, at most, for the planners on them
 
 
+def planner_bytes(target) -> int:
+    """GPU memory one planner holds at full size: its context, the target's inputs and outputs (its forward makes
+    them) and the candidate's copy of the weights (an 8 GiB MLP exists)."""
+    return PLANNER_GPU_BYTES + target.io_bytes(False) + target.state_bytes(False)
+
+
 class MemoryGate:
-    """Bytes of GPU memory the planners may hold at once. A planner makes the target's inputs and its forward makes
-    the outputs (tools.target.Target.io_bytes): at KernelBench's full sizes (12 GB of inputs for a ReLU) a dozen
-    planners at once would run the GPU out of memory beside the executor and referee. Each plan takes its share
-    before it starts (at most the whole budget, so one always runs) and gives it back when it is done."""
+    """Bytes of GPU memory the planners may hold at once (planner_bytes each): at KernelBench's full sizes (12 GB of
+    inputs for a ReLU) a dozen planners at once would run the GPU out of memory beside the executor and referee. Each
+    plan takes its share before it starts (at most the whole budget, so one always runs) and gives it back when it is
+    done."""
 
     def __init__(self, budget: int | None) -> None:
         self.budget, self.free = budget, budget
@@ -50,7 +56,7 @@ class MemoryGate:
         """What planning this evaluation's candidate takes (0 without a budget: no GPU)."""
         if self.budget is None:
             return 0
-        return min(self.budget, PLANNER_GPU_BYTES + evaluation.target.io_bytes(False))
+        return min(self.budget, planner_bytes(evaluation.target))
 
     def take(self, nbytes: int) -> None:
         if self.budget is None:

@@ -42,9 +42,9 @@ class WarmPool:
         self._uuids: dict[str | None, str | None] = {}
         self.isolation = jail.detect()
 
-    def _start(self) -> Child:
+    def _start(self, limits: jail.Limits | None = None) -> Child:
         visible = next(self._gpus)
-        child = Child("sandbox.warm", cuda=self.cuda, jailed=True, limits=self.limits,
+        child = Child("sandbox.warm", cuda=self.cuda, jailed=True, limits=limits or self.limits,
                       statuses=tuple(set(PLANNER_STATUSES) | set(EXECUTOR_STATUSES)), visible=visible,
                       niceness=NICENESS if self.cuda else 0)
         if self.cuda and visible not in self._uuids:
@@ -54,12 +54,16 @@ class WarmPool:
         child.gpu_uuid = self._uuids.get(visible)
         return child
 
-    def acquire(self, role: str, timeout_s: float = 180) -> Child:
-        """A warm process turned into a planner or an (interpreter) executor."""
+    def acquire(self, role: str, timeout_s: float = 180, limits: jail.Limits | None = None) -> Child:
+        """A warm process turned into a planner or an (interpreter) executor; one started now where `limits` differ
+        from the spares' (a target with large weights)."""
         with self._lock:
             for uuid in set(self._uuids.values()):
                 heal(uuid)
-            child = self._idle.pop(0) if self._idle else self._start()  # the oldest spare is the warmest
+            if limits is not None and limits != (self.limits or jail.Limits()):
+                child = self._start(limits)
+            else:
+                child = self._idle.pop(0) if self._idle else self._start()  # the oldest spare is the warmest
             self.refill()
         child.wait_ready(timeout_s)
         child.call(timeout_s, cmd="become", role=role)

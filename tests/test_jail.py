@@ -490,3 +490,32 @@ def test_scratch_goes_to_ram_only_when_dev_shm_can_hold_a_large_target(monkeypat
     assert process.scratch_root() == Path(tempfile.gettempdir())
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(64 << 30, 63 << 30, 1 << 30))   # nearly full
     assert process.scratch_root() == Path("/dev/shm")
+
+
+def test_a_target_with_large_weights_gets_a_process_with_room_for_them():
+    """The warm spares have the default memory limit; a planner for a target holding 4 GiB of weights is started
+    with room for them twice (a candidate builds its model on the host first)."""
+    from sandbox.pool import WarmPool
+    from sandbox.process import descendants
+
+    holding = jail.Limits.holding(4 << 30)
+    assert holding.memory_bytes == (8 << 30) + (8 << 30) and holding.file_bytes == jail.Limits().file_bytes
+    pool = WarmPool(spares=1)
+    try:
+        spare = pool.acquire("planner")
+        roomy = pool.acquire("planner", limits=holding)
+        assert roomy not in pool._idle and len(pool._idle) == 1
+
+        def memory_limits(child):
+            limits = set()
+            for pid in [child.proc.pid, *descendants(child.proc.pid)]:
+                text = Path(f"/proc/{pid}/limits").read_text()
+                limits |= {int(line.split()[-3]) for line in text.splitlines()
+                           if line.startswith(("Max address space", "Max data size")) and line.split()[-3].isdigit()}
+            return limits
+
+        assert holding.memory_bytes in memory_limits(roomy) and holding.memory_bytes not in memory_limits(spare)
+        assert jail.Limits().memory_bytes in memory_limits(spare)
+        spare.close(), roomy.close()
+    finally:
+        pool.close()

@@ -555,16 +555,20 @@ def test_a_pause_that_ends_does_not_continue_a_pause_that_began_meanwhile(tmp_pa
 
 
 def test_the_memory_gate_lets_plans_hold_no_more_than_the_budget():
-    """Planners at KernelBench's full sizes: each plan takes its inputs' share of the GPU budget before it starts."""
+    """Planners at KernelBench's full sizes: each plan takes its inputs' and weights' share of the GPU budget before
+    it starts."""
     import threading
     import time
 
     from sandbox.pipeline import PLANNER_GPU_BYTES, MemoryGate
 
-    class Big:  # an evaluation of a target with 6 GiB of inputs and 6 of outputs: one plan needs 1 + 12 GiB
+    class Big:  # a target with 4 GiB of inputs, 4 of outputs and 4 of weights: one plan needs 1 + 12 GiB
         class target:
             def io_bytes(small):
-                return 12 << 30
+                return 8 << 30
+
+            def state_bytes(small):
+                return 4 << 30
 
     gate = MemoryGate(30 << 30)
     need = gate.need(Big())

@@ -236,6 +236,23 @@ def test_io_bytes_counts_inputs_and_outputs_at_the_main_shape_without_memory(tmp
     assert load_target(str(no_meta)).io_bytes(False) == 2 * 4 * 256 * 3072
 
 
+def test_state_bytes_counts_the_weights_at_full_size_without_memory(tmp_path):
+    """What a candidate holds on the host while it builds its model: KernelBench's widest MLP is 8 GiB of fp32."""
+    wide = tmp_path / "wide.py"
+    wide.write_text("import torch\nN = 32768\n\nclass Model(torch.nn.Module):\n"
+                    "    def __init__(self, n):\n        super().__init__()\n        self.fc = torch.nn.Linear(n, n)\n"
+                    "        self.register_buffer('scale', torch.ones(n))\n"
+                    "    def forward(self, x):\n        return self.fc(x) * self.scale\n\n"
+                    "def get_inputs():\n    return [torch.rand(8, N)]\n\n"
+                    "def get_init_inputs():\n    return [N]\n")
+    assert load_target(str(wide)).state_bytes(False) == 4 * (32768 * 32768 + 2 * 32768)   # 4 GiB, none allocated
+    assert load_target(str(HERE / "targets" / "tiny_linear.py")).state_bytes(False) == 4 * (48 * 40 + 40)
+    assert load_target(str(KB["leaky_relu"])).state_bytes(False) == 0   # no parameters
+    no_meta = tmp_path / "no_meta.py"   # a Model that cannot be built on the meta device counts nothing
+    no_meta.write_text(wide.read_text().replace("super().__init__()", "super().__init__()\n        torch.ones(1).item()"))
+    assert load_target(str(no_meta)).state_bytes(False) == 0
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not KERNELBENCH_LEVEL1.is_dir(), reason="KernelBench is not checked out in kernelbench/")
 def test_every_kernelbench_level1_problem_gets_shapes():

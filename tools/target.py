@@ -96,6 +96,17 @@ class Target:
                 self._plans[key] = 0
         return self._plans[key]
 
+    def state_bytes(self, small: bool) -> int:
+        """Bytes of the reference Model's parameters and buffers, the most over the checked shapes, counted on the meta
+        device (no memory); 0 where the Model cannot be built there. A candidate holds about as much of its own."""
+        key = ("state_bytes", small)
+        if key not in self._plans:
+            try:
+                self._plans[key] = max(_meta_state_bytes(self.module_for(shape)) for shape in self.shapes(small))
+            except TargetError:
+                self._plans[key] = 0
+        return self._plans[key]
+
     def shape_note(self, small: bool) -> str:
         """One line on where shapes(small) came from."""
         return self._plan(small)[1]
@@ -196,6 +207,17 @@ def _meta_io_bytes(module: ModuleType) -> int:
     except Exception:
         return 2 * nbytes(inputs)
     return nbytes(inputs) + nbytes(outputs)
+
+
+def _meta_state_bytes(module: ModuleType) -> int:
+    try:
+        with torch.device("meta"):
+            model = module.Model(*module.get_init_inputs())
+    except Exception:
+        return 0
+    if not isinstance(model, torch.nn.Module):
+        return 0
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 def check_reference(target: Target) -> None:
