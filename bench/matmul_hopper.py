@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from agent.kernels import catalog  # noqa: E402
+from bench.sass_evidence import count_ops  # noqa: E402
 from tools.numerics import pin_numeric_flags  # noqa: E402
 from tools.profile import gpu_info  # noqa: E402
 from tools.target import load_target  # noqa: E402
@@ -122,7 +122,7 @@ def kernel_facts(kernel) -> dict:
     return {"name": kernel.name, "registers": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None),
             "shared_bytes": meta.shared, "num_warps": meta.num_warps, "num_stages": getattr(meta, "num_stages", None),
             "global_scratch_bytes": getattr(meta, "global_scratch_size", None),
-            "sass_counts": {op: len(re.findall(r"\b" + op + r"(?:\.[A-Z0-9_.]+)?\b", sass)) for op in SASS_OPS},
+            "sass_counts": count_ops(sass, SASS_OPS),
             "_sass": sass}
 
 
@@ -286,8 +286,7 @@ def judge_with_kloop(report: dict) -> None:
                     "reasons": r.reasons[:3], "median_us": r.time_us.median if r.time_us else None,
                     "speedup_eager": r.speedup_over("eager"), "trials": r.correctness.trials if r.correctness else 0,
                     "isolation": r.isolation, "wall_s": round(time.monotonic() - began, 1),
-                    "sass_counts": {k: {op: len(re.findall(r"\b" + op + r"\b", text)) for op in SASS_OPS}
-                                    for k, text in (r.sass or {}).items()},
+                    "sass_counts": {k: count_ops(text, SASS_OPS) for k, text in (r.sass or {}).items()},
                     "resources": [x.__dict__ for x in r.resources]})
             except Exception as e:  # noqa: BLE001
                 results.append({"target": name, "starter": starter.name, "error": f"{type(e).__name__}: {e}"[:600]})

@@ -21,10 +21,10 @@ OPS = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDGSTS", "LDG", "ST
 INSTRUCTION = re.compile(r"^\s*(?:/\*[0-9a-f]+\*/)?\s*(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)[.\s;]", re.MULTILINE)
 
 
-def count_ops(sass: str) -> dict[str, int]:
+def count_ops(sass: str, ops: tuple[str, ...] = OPS) -> dict[str, int]:
     """Instructions, not mentions (a kernel's name, a comment): the opcode that begins an instruction line."""
     opcodes = INSTRUCTION.findall(sass)
-    return {op: opcodes.count(op) for op in OPS}
+    return {op: opcodes.count(op) for op in ops}
 
 
 def best_attempts(db: sqlite3.Connection) -> list[dict]:
