@@ -164,3 +164,14 @@ def test_a_state_part_is_half_the_file_size_limit_at_most():
         assert state_part_bytes() == 1 << 19
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_state_part_linked_to_a_host_file_is_refused(tmp_path):
+    """A hostile planner points a part at a file outside its directory, hoping the trusted side uploads it."""
+    path = _with_state(tmp_path, {"nbytes": 8, "blobs": ["state-0-0.bin"]})
+    (tmp_path / "state-0-0.bin").unlink()
+    secret = tmp_path.parent / "secret.txt"
+    secret.write_bytes(b"12345678")
+    (tmp_path / "state-0-0.bin").symlink_to(secret)
+    with pytest.raises(PlanError, match="not a regular file"):
+        load_plan(path)
