@@ -19,15 +19,18 @@ def eval_command(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
     trials: int = typer.Option(5, min=5, help="Correctness trials on the main shape (at least 5)."),
     timed_calls: int = typer.Option(30, min=30, help="Timed calls per measured function (at least 30)."),
-    compile_baseline: bool = typer.Option(True, help="Also time torch.compile of the reference (max-autotune-no-cudagraphs)."),
+    compile_baseline: bool = typer.Option(True, help="Also time torch.compile of the reference (in --compile-mode)."),
+    compile_mode: str = typer.Option("max-autotune-no-cudagraphs", help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
     ncu: bool = typer.Option(False, "--ncu", help="Collect Nsight Compute counters for the candidate's own kernels."),
 ) -> None:
     """Judge one candidate kernel against one target: verify, then time on the GPU."""
-    from sandbox.evaluate import EvalSettings, evaluate
+    from sandbox.evaluate import COMPILE_MODES, EvalSettings, evaluate
     from tools.target import TargetError, check_reference, load_target
 
     if not candidate.is_file():
         fail(f"no candidate file {candidate}")
+    if compile_mode not in COMPILE_MODES:
+        fail(f"unknown --compile-mode {compile_mode!r} (one of {', '.join(COMPILE_MODES)})")
     try:
         tgt = load_target(target)
         check_reference(tgt)
@@ -39,7 +42,7 @@ def eval_command(
         make_console(stderr=True).print("note: --ncu needs a CUDA GPU; no Nsight Compute counters on this machine",
                                         highlight=False, soft_wrap=True)
         ncu = False
-    settings = EvalSettings(trials=trials, timed_calls=timed_calls, ncu=ncu,
+    settings = EvalSettings(trials=trials, timed_calls=timed_calls, ncu=ncu, compile_mode=compile_mode,
                             baselines=("eager", "compile") if compile_baseline else ("eager",))
     try:
         result = evaluate(tgt, candidate.read_text(), settings)

@@ -50,6 +50,7 @@ def optimize_command(
     ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU of the cluster (pip install -e '.[ray]')."),
     planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned (compiled) at once, each in its own jailed planner (default: the CPU cores the trusted processes leave)."),
     pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight per branch, proposed ahead and logged in order (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
+    compile_mode: str = typer.Option("max-autotune-no-cudagraphs", help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
 ) -> None:
     """Optimize one target's kernel: write, assemble, verify, profile, reflect, log; repeat until a stop rule."""
     from tools.store import StoreError, open_db
@@ -61,7 +62,7 @@ def optimize_command(
         base_url=base_url, from_run=from_run, thinking=thinking, effort=effort, max_retries=max_retries, tools=tools,
         **runs.strategy_settings(strategy, strategy_seed),
         memory=None if no_memory else str((memory or _default_memory(db)).resolve()),
-        gpus=gpus, ray=ray, planners=planners, pipeline=pipeline)
+        gpus=gpus, ray=ray, planners=planners, pipeline=pipeline, compile_mode=compile_mode)
     try:
         runs.check_settings(policy, settings)
         from agent.strategies import STRATEGIES

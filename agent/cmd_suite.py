@@ -41,6 +41,7 @@ def suite_command(
     ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU (pip install -e '.[ray]')."),
     planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
     pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight per problem (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
+    compile_mode: str = typer.Option("default", help="torch.compile mode of the compile baseline: default (KernelBench's published baselines) or max-autotune-no-cudagraphs (the stronger bar)."),
 ) -> None:
     """Run the loop on every problem of a KernelBench-style set (one run per problem and strategy, one database,
     resumable), then report correctness, fast_p, geomean speedups, speed-of-light fractions and effort."""
@@ -57,6 +58,7 @@ def suite_command(
         plan = suite.SuitePlan(found, policy=policy, strategies=[s.strip() for s in strategy.split(",") if s.strip()],
                                max_attempts=max_attempts, minutes=minutes_per_problem, language=language, model=model,
                                base_url=base_url, jobs=jobs or max(1, min(8, (os.cpu_count() or 2) // 2)),
+                               compile_mode=compile_mode,
                                evaluator={"gpus": gpus, "ray": ray, "planners": planners, "pipeline": pipeline})
         if not report_only:
             suite.check_plan(plan)
@@ -146,7 +148,8 @@ def _report(store, plan, out: Path) -> list[Path]:
                                     for p in plan.problems))
     context = {"title": f"{len(plan.problems)} problems ({title}), {plan.policy} policy",
                "settings": {"policy": plan.policy, "model": plan.model, "strategies": ",".join(plan.strategies),
-                            "budget per problem": _budget(plan), "database": str(store.path)}}
+                            "budget per problem": _budget(plan), "torch.compile mode": plan.compile_mode,
+                            "database": str(store.path)}}
     try:
         return write_suite_report(store, suite.rows_of(store, plan), out, context)
     except SuiteReportError as e:

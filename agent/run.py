@@ -31,6 +31,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     # Where and how wide candidates are evaluated (agent.run.evaluator_session): GPUs ("all", "0,1"; None: this
     # process's one), Ray ("auto" or an address), parallel planners and attempts in flight per branch (None: auto).
     "gpus": None, "ray": None, "planners": None, "pipeline": None,
+    # The torch.compile baseline's mode (sandbox.evaluate.COMPILE_MODES); runs made before it was a setting used this one.
+    "compile_mode": "max-autotune-no-cudagraphs",
 }
 
 
@@ -120,7 +122,11 @@ def check_settings(policy: str, settings: dict) -> None:
 
 
 def check_evaluator(settings: dict) -> None:
-    """--gpus, --ray, --planners and --pipeline, checked before anything is created."""
+    """--gpus, --ray, --planners, --pipeline and --compile-mode, checked before anything is created."""
+    from sandbox.evaluate import COMPILE_MODES
+
+    if settings.get("compile_mode", COMPILE_MODES[0]) not in COMPILE_MODES:
+        raise RunError(f"unknown --compile-mode {settings['compile_mode']!r} (one of {', '.join(COMPILE_MODES)})")
     if settings.get("gpus") is not None and settings.get("ray"):
         raise RunError("give --gpus or --ray, not both (with Ray every GPU of the cluster gets an executor)")
     for name in ("planners", "pipeline"):
@@ -261,18 +267,19 @@ def evaluator_session(settings: dict, target=None):
     (this process's own GPU, or the CPU, when None) and settings["planners"] parallel planners, or with
     settings["ray"] a `sandbox.ray_backend.RaySession` over a Ray cluster's nodes. Anything that runs several runs
     (kloop suite) may make one and pass it to `run(..., session=)` for each; RunError for bad settings."""
-    from sandbox.evaluate import EvalSettings, Session
+    from sandbox.evaluate import COMPILE_MODES, EvalSettings, Session
 
+    evaluation = EvalSettings(compile_mode=settings.get("compile_mode") or COMPILE_MODES[0])
     if settings.get("ray"):
         try:
             from sandbox.ray_backend import RaySession
         except ImportError as e:
             raise RunError(f"--ray needs the ray extra ({e.name} is missing): pip install -e '.[ray]'") from None
-        return RaySession(settings["ray"], settings=EvalSettings(), planners=settings.get("planners"))
+        return RaySession(settings["ray"], settings=evaluation, planners=settings.get("planners"))
     gpus = gpu_list(settings.get("gpus"))
     devices = len(gpus) if gpus else 1
     planners = planners_for(settings, devices, target)
-    return Session(spares=max(spares(settings), planners + (0 if has_gpu() else 1)), settings=EvalSettings(),
+    return Session(spares=max(spares(settings), planners + (0 if has_gpu() else 1)), settings=evaluation,
                    gpus=gpus, planners=planners)
 
 

@@ -71,6 +71,9 @@ class SuitePlan:
     model: str | None = None
     base_url: str | None = None
     jobs: int = 1                       # parallel starter generations
+    # torch.compile's mode for the compile baseline: "default", as KernelBench's published baselines, so fast_p over
+    # torch.compile can be set beside published figures; max-autotune-no-cudagraphs is the stronger bar
+    compile_mode: str = "default"
     evaluator: dict = field(default_factory=dict)  # gpus / ray / planners / pipeline (agent.run.evaluator_session)
 
     def __post_init__(self) -> None:
@@ -102,8 +105,8 @@ class SuitePlan:
         return runs.settings_for(
             str(problem.path), max_attempts=attempts, hours=self.minutes / 60 if self.minutes else None,
             patience=attempts, language=self.language, model=self.model, base_url=self.base_url,
-            **runs.strategy_settings(strategy, seed), **self.evaluator, started_by="kloop suite",
-            suite_problem=problem.key)
+            **runs.strategy_settings(strategy, seed), **self.evaluator, compile_mode=self.compile_mode,
+            started_by="kloop suite", suite_problem=problem.key)
 
     def settings_key(self, strategy: str) -> str:
         """The hash of the settings that make two runs of a problem comparable: a problem finished with the same
@@ -111,11 +114,14 @@ class SuitePlan:
         values = {"policy": self.policy, "model": self.model, "base_url": self.base_url, "language": self.language,
                   "max_attempts": self.max_attempts, "hours": self.minutes / 60 if self.minutes else None,
                   "branches": 1, "strategy": strategy}
+        if self.compile_mode != "max-autotune-no-cudagraphs":  # the mode of every suite before it was a setting:
+            values["compile_mode"] = self.compile_mode         # their finished problems keep their keys
         return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self, strategy: str) -> dict:
         return {"policy": self.policy, "model": self.model, "base_url": self.base_url, "language": self.language,
-                "max_attempts": self.max_attempts, "minutes_per_problem": self.minutes, "strategy": strategy}
+                "max_attempts": self.max_attempts, "minutes_per_problem": self.minutes, "strategy": strategy,
+                "compile_mode": self.compile_mode}
 
     def items(self) -> list[tuple[Problem, str]]:
         """(problem, strategy) in run order: each problem under every strategy before the next problem."""

@@ -53,6 +53,10 @@ RECORDED_CALLS = 20
 SHALLOW_RELEASE_FRACTION = 1 / 32
 LARGE_STATE_BYTES = 1 << 30  # weights above this get jailed processes with room for them, not the warm spares
 PRUNE_TRIALS = 2   # main-shape trials timed before pruning (the faster counts: a first call may load lazily)
+# torch.compile modes the compile baseline can take. max-autotune-no-cudagraphs (autotuned Triton and GEMM templates)
+# is the stronger bar; "default" is what `torch.compile(model)` does, and KernelBench's published torch.compile
+# baselines. CUDA-graph modes are left out: replaying a graph copies each round's new inputs into its own buffers.
+COMPILE_MODES = ("max-autotune-no-cudagraphs", "default")
 
 
 @dataclass
@@ -67,6 +71,7 @@ class EvalSettings:
     run_timeout_s: float = 120.0      # one replay under the CPU interpreter
     baseline_timeout_s: float = 900.0  # torch.compile (max-autotune) of the reference, its first call
     baselines: tuple[str, ...] = ("eager", "compile")
+    compile_mode: str = COMPILE_MODES[0]   # the compile baseline's torch.compile mode
     # torch.compile (max-autotune) of the reference costs seconds even from its cache. "reuse": measure it once per
     # session and shape, interleaved with eager, then derive it for later candidates from the eager time measured
     # beside them (marked derived_from_eager). "measure": every time.
@@ -80,6 +85,8 @@ class EvalSettings:
     prune_slower_than: float = 10.0
 
     def __post_init__(self):
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"unknown torch.compile mode {self.compile_mode!r} (one of {', '.join(COMPILE_MODES)})")
         if self.seed is None:
             self.seed = secrets.randbits(62)
         if self.small is None:
@@ -138,7 +145,8 @@ class Device:
         self._referee = None
         self._gpu: dict | None = None
         self._uuid: str | None = None
-        self.compile_to_eager: dict[str, float] = {}   # shape -> torch.compile time / eager time, side by side
+        # (shape, torch.compile mode) -> torch.compile time / eager time, measured side by side
+        self.compile_to_eager: dict[tuple[str, str], float] = {}
         self.restarts = 0
         self._target_sha = ""   # the referee keeps one target's reference models at a time
 
@@ -755,7 +763,7 @@ class Evaluation:
 
     def _rounds(self, seed: int) -> dict[str, Timing] | None:
         names = ["candidate"] + list(self.settings.baselines)
-        ratio_key = self.shape_keys[0]
+        ratio_key = (self.shape_keys[0], self.settings.compile_mode)
         derive = self.settings.compile_baseline == "reuse" and "compile" in names and "eager" in names and \
             ratio_key in self.device.compile_to_eager
         if derive:
@@ -776,7 +784,7 @@ class Evaluation:
                     reply = shared = reasons_or_none
                 else:
                     reply = self._ref(self.settings.baseline_timeout_s, "time", name=name,
-                                      shape=self.shape_keys[0], seed=round_seed)
+                                      shape=self.shape_keys[0], seed=round_seed, mode=self.settings.compile_mode)
                     if reply.get("status") != "ok":
                         self.result.flags.append(f"baseline_{name}_failed: {str(reply.get('message'))[:200]}")
                         names.remove(name)
@@ -798,6 +806,8 @@ class Evaluation:
             ratio = self.device.compile_to_eager[ratio_key]
             timings["compile"] = Timing(median=timings["eager"].median * ratio, derived_from_eager=True,
                                         compile_to_eager=ratio)
+        if "compile" in timings:
+            timings["compile"].mode = self.settings.compile_mode
         elif "compile" in timings and "eager" in timings:
             self.device.compile_to_eager[ratio_key] = timings["compile"].median / timings["eager"].median
         throttled = profile.throttle_reasons(before, after) if before and after else []

@@ -38,7 +38,7 @@ class Referee:
     def __init__(self) -> None:
         self.modules: dict[str, object] = {}
         self.models: dict[str, torch.nn.Module] = {}
-        self.compiled: dict[str, object] = {}
+        self.compiled: dict[tuple[str, str], object] = {}   # (shape, torch.compile mode) -> compiled model
         self.doubles: dict[str, torch.nn.Module] = {}   # shape -> the model in float64, for near misses
         self.held: dict[str, tuple[int, list, list]] = {}   # shape -> (seed, inputs, expected outputs)
         self.mapped: dict[tuple, torch.UntypedStorage] = {}   # stable IPC buffers, kept mapped until release
@@ -261,8 +261,9 @@ class Referee:
         return t.reshape(shape).to(DEVICE)
 
     # -- baselines ------------------------------------------------------------------------------------------------
-    def time(self, name: str, shape: str, seed: int) -> dict:
-        """One timed call of the reference (eager) or of torch.compile's version of it, on this seed's inputs."""
+    def time(self, name: str, shape: str, seed: int, mode: str = "max-autotune-no-cudagraphs") -> dict:
+        """One timed call of the reference (eager) or of torch.compile's version of it (in `mode`), on this seed's
+        inputs."""
         inputs = self._inputs(shape, seed)
         expected = self.held[shape][2]
         if self.cuda and _large(expected):
@@ -270,7 +271,7 @@ class Referee:
             # compiled call the next check computes it again
             expected.clear()
         del expected
-        fn = self.models[shape] if name == "eager" else self._compiled(shape)
+        fn = self.models[shape] if name == "eager" else self._compiled(shape, mode)
         with torch.no_grad():
             if not self.cuda:
                 began = time.perf_counter()
@@ -292,15 +293,15 @@ class Referee:
         del out
         return {"status": "ok", "ms": start.elapsed_time(end), "wall_ms": wall_ms}
 
-    def _compiled(self, shape: str):
-        if shape not in self.compiled:
-            compiled = torch.compile(self.models[shape], mode="max-autotune-no-cudagraphs")
+    def _compiled(self, shape: str, mode: str):
+        if (shape, mode) not in self.compiled:
+            compiled = torch.compile(self.models[shape], mode=mode)
             if self.cuda:  # compile and autotune now, then give back what autotuning's copies left in the cache
                 with torch.no_grad():
                     compiled(*self.held[shape][1])
                 torch.cuda.empty_cache()
-            self.compiled[shape] = compiled
-        return self.compiled[shape]
+            self.compiled[shape, mode] = compiled
+        return self.compiled[shape, mode]
 
     def roofline_counts(self, shape: str, seed: int) -> dict:
         if shape not in self.counts:

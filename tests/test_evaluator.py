@@ -461,6 +461,25 @@ def test_timing_tricks_buy_nothing(session, name, monkeypatch):
         assert r.time_us is None
 
 
+def test_the_compile_baseline_takes_one_of_two_modes():
+    assert EvalSettings(compile_mode="default").compile_mode == "default"
+    with pytest.raises(ValueError, match="unknown torch.compile mode 'reduce-overhead'"):
+        EvalSettings(compile_mode="reduce-overhead")  # CUDA graphs would time a copy into the graph's own inputs
+
+
+@pytest.mark.gpu
+def test_each_compile_mode_is_measured_before_its_ratio_is_reused(tiny, session):
+    """The compile/eager ratio a session keeps is per mode: a "default" baseline is never derived from a
+    max-autotune one measured earlier on the same shape, and each result names its mode."""
+    first = [judge(tiny, "honest_add", session, baselines=("eager", "compile"), compile_mode=mode)
+             for mode in ("default", "max-autotune-no-cudagraphs", "default")]
+    assert all(r.verdict == "correct" for r in first), [r.reasons for r in first]
+    compiled = [r.baselines["compile"] for r in first]
+    assert [t.mode for t in compiled] == ["default", "max-autotune-no-cudagraphs", "default"]
+    assert (compiled[0].derived_from_eager, compiled[2].derived_from_eager) == (False, True)
+    assert compiled[2].compile_to_eager == pytest.approx(compiled[0].median / first[0].baselines["eager"].median)
+
+
 @pytest.mark.gpu
 def test_illegal_address_is_contained_and_the_executor_restarts(tiny, session):
     r = judge(tiny, "out_of_bounds", session)

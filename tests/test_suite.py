@@ -76,6 +76,12 @@ def test_discover_and_plans_refuse_bad_input_in_one_line(checkout, tmp_path):
     a, b = SuitePlan(problems, max_attempts=3), SuitePlan(problems, max_attempts=4)
     assert a.settings_key("refine") != b.settings_key("refine") != b.settings_key("metr")
     assert a.settings_key("refine") == SuitePlan(problems, max_attempts=3, jobs=5).settings_key("refine")
+    # the compile baseline's mode: KernelBench's "default" unless asked; a suite made before the setting (its mode
+    # was max-autotune-no-cudagraphs) keeps its key, so its finished problems are still skipped
+    strong = SuitePlan(problems, max_attempts=3, compile_mode="max-autotune-no-cudagraphs")
+    assert strong.settings_key("refine") == "f24b6a51b83eb9f9" != a.settings_key("refine")
+    assert (a.run_settings(problems[0], "refine")["compile_mode"], strong.run_settings(problems[0], "refine")
+            ["compile_mode"]) == ("default", "max-autotune-no-cudagraphs")
     settings = a.run_settings(problems[0], "metr")
     assert (settings["max_attempts"], settings["patience"], settings["strategy"]) == (3, 3, "metr")
     assert settings["strategy_seed"] == a.run_settings(problems[0], "refine")["strategy_seed"]
@@ -84,6 +90,7 @@ def test_discover_and_plans_refuse_bad_input_in_one_line(checkout, tmp_path):
     for args, message in (((checkout, "--levels", "x"), "--levels takes comma-separated numbers"),
                           ((checkout, "--max-attempts", 2, "--minutes-per-problem", 1), "not both"),
                           ((checkout, "--policy", "replay"), "not 'replay'"),
+                          ((checkout, "--compile-mode", "reduce-overhead"), "unknown --compile-mode 'reduce-overhead'"),
                           ((tmp_path / "nope",), "no such file or folder")):
         result = cli("suite", *args, "--db", db)
         assert result.exit_code == 2 and message in result.stderr, result.output

@@ -33,6 +33,7 @@ class Timing:
     wall_total_ms: float | None = None     # host wall clock around the same calls: must bound the events
     derived_from_eager: bool = False       # torch.compile's time derived from eager's, measured beside it earlier
     compile_to_eager: float | None = None
+    mode: str | None = None                # a torch.compile baseline's mode (sandbox.evaluate.COMPILE_MODES)
 
 
 @dataclass
