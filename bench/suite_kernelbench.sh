@@ -7,7 +7,8 @@
 #   DB           the run database (default runs/suite-level1.db). When DB is missing and DB.gz is there, DB.gz is
 #                unpacked first: carry back the suite.db.gz a previous call left in $OUT (as runs/suite-level1.db.gz)
 #                and this call continues where that one stopped (finished problems are skipped; the one in flight
-#                is resumed).
+#                is resumed). A database over 15 MB gzipped comes back in parts, suite.db.gz.00, .01, ...: carry
+#                them back as DB.gz.00, DB.gz.01, ...
 #   Environment: LEVELS (1), PROBLEMS (globs of --problems; default all), MAX_ATTEMPTS (3), JOBS (8 starters generated in parallel), BUDGET_S (400: seconds
 #   `kloop suite` runs before it is stopped with SIGINT, as Ctrl-C: the problem in flight is marked stopped, the
 #   report is written), OUT (out/).
@@ -30,6 +31,8 @@ mkdir -p "$OUT/report" "$(dirname "$DB")"
 source bench/gpu_env.sh
 if [ ! -f "$DB" ] && [ -f "$DB.gz" ]; then
     gunzip -c "$DB.gz" > "$DB" && echo "continuing the suite in $DB (from $DB.gz)"
+elif [ ! -f "$DB" ] && [ -f "$DB.gz.00" ]; then   # a database that came back in parts
+    cat "$DB".gz.[0-9][0-9] | gunzip -c > "$DB" && echo "continuing the suite in $DB (from $DB.gz.00...)"
 fi
 
 args=("$KB" --levels "$LEVELS" --policy offline --max-attempts "$MAX_ATTEMPTS" --db "$DB" --out "$OUT/report")
@@ -48,6 +51,10 @@ with sqlite3.connect(sys.argv[1]) as db:   # fold the WAL into the file before i
 PY
 gzip -c "$DB" > "$OUT/suite.db.gz"
 echo "kloop suite exit $code after $(( $(date +%s) - began )) s; database $DB ($(du -h "$OUT/suite.db.gz" | cut -f1) gzipped in $OUT/suite.db.gz)"
+if (( $(stat -c %s "$OUT/suite.db.gz") > 15 * 1024 * 1024 )); then   # a lent machine returns files of 16 MB at most
+    split -b 15M -d "$OUT/suite.db.gz" "$OUT/suite.db.gz." && rm "$OUT/suite.db.gz"
+    echo "in parts: $(cd "$OUT" && echo suite.db.gz.*) (carry them back as DB.gz.00, DB.gz.01, ...)"
+fi
 python3 - "$OUT/report/report.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

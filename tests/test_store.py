@@ -168,9 +168,23 @@ def test_attempt_columns_maps_an_evaluator_result():
         (2.0, 1.5, 0.7))
     assert columns["durations"] == {"total": 1.2} and columns["stdout"] == "hi"
     assert columns["result"]["gpu"]["name"] == "NVIDIA H200" and columns["result"]["time_us"]["median"] == 3.0
-    assert EvalResult.from_dict(columns["result"]) == result   # the result column reads back whole
+    assert EvalResult.from_dict(columns["result"]) == result
     assert set(columns) <= set(ATTEMPT_COLUMNS)
     assert attempt_columns(EvalResult(verdict="format_error", reasons=["no code"]))["speedup_eager"] is None
+
+
+def test_ptx_and_sass_are_stored_once_and_read_back_in_the_result(db):
+    result = evaluated.result("correct", 3.0, eager_us=6.0)
+    result.ptx, result.sass = {"k": ".visible .entry k()"}, {"k": "HMMA.16816.F32 R0, R4, R8, R0 ;" * 1000}
+    columns = attempt_columns(result)
+    assert "ptx" not in columns["result"] and "sass" not in columns["result"]   # in their own columns only
+    run_id = db.create_run(target_name="matmul", policy="offline", settings={})
+    db.add_attempt(run_id, source="x = 1", **columns)
+    stored = db.db.execute("SELECT length(result), length(sass) FROM attempts").fetchone()
+    assert stored[0] < 2_000 < 30_000 < stored[1]
+    (row,) = db.attempts(run_id)
+    assert EvalResult.from_dict(row["result"]) == result   # the result reads back whole
+    assert row["result"]["sass"] == row["sass"] == result.sass
 
 
 def test_fastest_is_one_order_in_sql_and_in_python(tmp_path):

@@ -69,17 +69,24 @@ BEST_SQL = "SELECT {columns} FROM runs r JOIN attempts a ON a.id = r.best_attemp
 FASTEST_ORDER = "speedup_eager IS NULL, speedup_eager DESC, number"
 
 
+# Kept in their own attempts columns and left out of the `result` column: SASS and PTX are most of an attempt's bytes
+# (a GEMM template's SASS at three shapes is ~0.5 MB), and stored twice they doubled a suite's database. Rows read
+# through a Store get them back in `result` (_select).
+RESULT_IN_COLUMNS = ("ptx", "sass")
+
+
 def attempt_columns(result: EvalResult) -> dict:
     """The attempts-table columns filled from one evaluator result (docs/design.md); the graph's commit and the
     re-verifier both store results through this one mapping."""
     d = result.to_dict()
+    stored = {k: v for k, v in d.items() if k not in RESULT_IN_COLUMNS}
     return {
         "language": result.language, "ptx": result.ptx, "sass": result.sass, "compile_log": result.compile_log,
         "resources": d["resources"], "verdict": result.verdict, "reasons": result.reasons, "time_us": d["time_us"],
         "speedup_eager": result.speedup_over("eager"), "speedup_compile": result.speedup_over("compile"),
         "sol_fraction": result.sol_fraction, "roofline": d["roofline"], "correctness": d["correctness"],
         "ncu": d["ncu"], "nvml": result.nvml, "flags": result.flags, "stdout": result.stdout,
-        "stderr": result.stderr, "durations": result.durations_s, "result": d, "gpu": device_of(result),
+        "stderr": result.stderr, "durations": result.durations_s, "result": stored, "gpu": device_of(result),
     }
 
 
@@ -412,7 +419,7 @@ class Store:
     def _select(self, sql: str, params: list | None = None) -> list[dict]:
         with self._lock:
             rows = list(self.db.query(sql, params or []))
-        return [{k: _decode(k, v) for k, v in row.items()} for row in rows]
+        return [_whole_result({k: _decode(k, v) for k, v in row.items()}) for row in rows]
 
 
 class _Transaction:
@@ -448,6 +455,16 @@ def _check(row: dict, columns: dict) -> dict:
     if unknown:
         raise StoreError(f"unknown column(s) {', '.join(sorted(unknown))}")
     return {k: json.dumps(v, default=str) if k in JSON_COLUMNS and v is not None else v for k, v in row.items()}
+
+
+def _whole_result(row: dict) -> dict:
+    """An attempt row's `result` with its PTX and SASS put back from their columns (attempt_columns)."""
+    result = row.get("result")
+    if isinstance(result, dict):
+        for key in RESULT_IN_COLUMNS:
+            if key not in result and row.get(key) is not None:
+                result[key] = row[key]
+    return row
 
 
 def _decode(column: str, value: Any) -> Any:
