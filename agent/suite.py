@@ -281,11 +281,39 @@ def cached_starter(store: Store, sha: str) -> dict | None:
             "seconds": row["seconds"]}
 
 
+GENERATION_MEMORY_SHARE = 0.8   # of the GPU memory free when a batch of starters begins
+GENERATION_CONTEXT_BYTES = 1 << 30
+
+
+def generation_memory() -> int | None:
+    """GPU memory the starter generations may hold at once; None without a GPU."""
+    if not runs.has_gpu():
+        return None
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0] * GENERATION_MEMORY_SHARE)
+
+
+def generation_bytes(problem: Problem) -> int:
+    """GPU memory one full-size generation holds: its CUDA context, the reference's inputs and outputs three times
+    (the eager run, the compiled one, Inductor's buffers) and its weights (counted on the meta device)."""
+    from tools.target import TargetError, load_target
+
+    try:
+        target = load_target(str(problem.path))
+        return GENERATION_CONTEXT_BYTES + 3 * target.io_bytes(False) + target.state_bytes(False)
+    except TargetError:  # its generation fails before it holds much
+        return GENERATION_CONTEXT_BYTES
+
+
 def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
                      items: list[tuple[Problem, str]] | None = None) -> None:
     """Generate the Inductor starters that `items` (default: the whole plan) still need for offline runs,
     `plan.jobs` at a time (each in its own child process), and keep each, or its reason, in suite_starters as it
-    arrives. Generations that ran out of memory beside others are tried again one at a time."""
+    arrives. On a GPU, generations side by side hold at most GENERATION_MEMORY_SHARE of its free memory (each its
+    reference's full-size inputs and outputs, three times, and weights): a level-1 ReLU moves 12.8 GB, and five at
+    once ran out of memory, to be generated again one at a time. Generations that ran out of memory beside others
+    anyway are tried again one at a time."""
     if plan.policy != "offline":
         return
     todo: dict[str, Problem] = {}
@@ -303,12 +331,20 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
     device, torch_version = device_kind()
     total, done = len(todo), 0
 
+    from sandbox.pipeline import MemoryGate
+
+    gate = MemoryGate(generation_memory())
+
     def one(sha: str, problem: Problem) -> tuple[str, Problem, dict | None, str | None, float]:
+        need = 0 if gate.budget is None else min(gate.budget, generation_bytes(problem))
+        gate.take(need)
         began = time.monotonic()
         try:
             return sha, problem, inductor.generate(str(problem.path)).to_dict(), None, time.monotonic() - began
         except inductor.NoStarter as e:
             return sha, problem, None, str(e), time.monotonic() - began
+        finally:
+            gate.give(need)
 
     def keep(result) -> None:
         nonlocal done

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
-from agent.suite import Problem, SuiteError, SuitePlan, discover, rows_of
+from agent.suite import Problem, SuiteError, SuitePlan, discover
 from tools.store import StoreError, open_db
 from tools.suite_report import NO_TIMING, collect, compare, summarize, write_suite_report
 
@@ -96,6 +96,40 @@ def test_discover_and_plans_refuse_bad_input_in_one_line(checkout, tmp_path):
         assert result.exit_code == 2 and message in result.stderr, result.output
         assert len(result.stderr.strip().splitlines()) == 1
     assert not db.exists()
+
+
+@pytest.mark.parametrize("budget_gib, most_at_once", [(3, 1), (5, 2), (None, 4)])
+def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypatch, budget_gib, most_at_once):
+    """Four 2 GiB generations with --jobs 4: as many at once as the free memory holds (all four without a GPU)."""
+    import threading
+
+    from agent import suite
+    from agent.kernels import inductor
+
+    running, most = set(), []
+    lock = threading.Lock()
+
+    def fake_generate(spec):
+        with lock:
+            running.add(spec)
+            most.append(len(running))
+        time.sleep(0.2)
+        with lock:
+            running.discard(spec)
+        raise inductor.NoStarter("fake")
+
+    monkeypatch.setattr(inductor, "generate", fake_generate)
+    monkeypatch.setattr(suite, "generation_memory", lambda: None if budget_gib is None else budget_gib << 30)
+    monkeypatch.setattr(suite, "generation_bytes", lambda problem: 2 << 30)
+    for i in range(4):   # four sources (a starter is kept per source)
+        (tmp_path / "set" / f"{i + 1}_Op.py").parent.mkdir(exist_ok=True)
+        (tmp_path / "set" / f"{i + 1}_Op.py").write_text(MODULE.replace("x + 1", f"x + {i}"))
+    store = open_db(tmp_path / "s.db")
+    suite.ensure_tables(store)
+    events = []
+    suite.prepare_starters(store, SuitePlan(discover([tmp_path / "set"]), jobs=4), events.append)
+    assert len(events) == 4 and all(e["error"] == "fake" for e in events)
+    assert max(most) == most_at_once
 
 
 # -- the report's numbers ------------------------------------------------------------------------------------------
