@@ -806,10 +806,10 @@ class Evaluation:
             ratio = self.device.compile_to_eager[ratio_key]
             timings["compile"] = Timing(median=timings["eager"].median * ratio, derived_from_eager=True,
                                         compile_to_eager=ratio)
-        if "compile" in timings:
-            timings["compile"].mode = self.settings.compile_mode
         elif "compile" in timings and "eager" in timings:
             self.device.compile_to_eager[ratio_key] = timings["compile"].median / timings["eager"].median
+        if "compile" in timings:
+            timings["compile"].mode = self.settings.compile_mode
         throttled = profile.throttle_reasons(before, after) if before and after else []
         self.result.nvml = {"before": before, "after": after, "throttled": bool(throttled), "reasons": throttled}
         if throttled and "throttled" not in self.result.flags:
