@@ -190,8 +190,9 @@ def test_a_syntax_error_is_raised_for_the_caller():
     (kernel("x_ptr.dtype = 1"), "assigning to an attribute is not allowed"),
     (kernel("y = tl.load(x_ptr, _semantic=None)"), "keyword _semantic is not allowed (private)"),
     (kernel("y = tl.load(x_ptr, **{'mask': None})"), "** unpacking in a call is not allowed"),
-    (kernel("pass", signature="x_ptr, n=torch.float32"), "line 6: inside @triton.jit kernel k: the default of n "
-                                                         "must be a literal"),
+    (kernel("pass", signature="x_ptr, n=torch.float32"), "line 6: inside @triton.jit kernel k: torch is module "
+                                                         "torch, which kernels may not use"),
+    (kernel("pass", signature="x_ptr, n=len"), "line 6: inside @triton.jit kernel k: the default of n must be"),
     (kernel("global G\nG = 1"), "global is not allowed"),
     (kernel("f = lambda v: v"), "lambda is not allowed"),
     (kernel("def g():\n    pass"), "a nested def is not allowed"),
@@ -394,6 +395,46 @@ HONEST = {
 }
 
 
+HONEST["names_triton_and_pytorch_allow"] = """
+    import math
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    LOG2E = tl.constexpr(1.0 / math.log(2.0))        # math computes a constant where it is defined
+    NEG_INF: tl.constexpr = float("-inf")
+    HALF_PI = tl.constexpr(math.pi / 2)
+    BLOCK_DEFAULT = 1024
+
+
+    @triton.jit
+    def k(input, output, n, ACC: tl.constexpr = tl.float32, BLOCK: tl.constexpr = BLOCK_DEFAULT):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(input + offs, mask=offs < n, other=NEG_INF).to(ACC)
+        tl.store(output + offs, tl.exp2(x * LOG2E) + HALF_PI * 0, mask=offs < n)
+
+
+    class ModelNew(torch.nn.Module):
+        def forward(self, input):                   # a parameter named like a builtin is not the builtin
+            output = torch.empty_like(input)
+            k[(triton.cdiv(input.numel(), 1024),)](input, output, input.numel())
+            return output
+"""
+
+
+@pytest.mark.parametrize("body, reason", [
+    ("def f(x, g=getattr):\n    return g(x, 'y')", "getattr is not allowed"),      # a default is the enclosing scope's
+    ("def f(input):\n    return input\ny = f(input)", "input is not allowed"),       # the call site's is the builtin
+    ("X = tl.constexpr(torch.ones(1))", None),
+])
+def test_shadowing_a_builtin_or_computing_a_constant_reaches_nothing(body, reason):
+    if reason:
+        refused(candidate(body), reason)
+    else:  # a tensor is no constant: a kernel that reads it is refused
+        refused(kernel("tl.store(x_ptr, X)", before=body), "X is a module-level object, not a constant")
+
+
 @pytest.mark.parametrize("name", sorted(HONEST))
 def test_honest_candidates_pass(name):
     assert check_source(textwrap.dedent(HONEST[name])) == []
@@ -487,7 +528,8 @@ def test_check_jit_function_refuses_escapes(body, aliases, reason):
 def test_check_jit_function_is_strict_about_undefined_names_and_defaults():
     source = "def k(x, n=len):\n    return undefined_name\n"
     assert check_jit_function(source, set(), {"k"}, KERNEL_ALIASES) == [
-        "line 1: inside @triton.jit kernel k: the default of n must be a literal",
+        "line 1: inside @triton.jit kernel k: the default of n must be a literal, a module constant or a Triton "
+        "dtype",
         "line 2: inside @triton.jit kernel k: undefined_name is not a parameter, local, kernel, module constant, "
         "Triton module or allowed builtin",
     ]

@@ -70,6 +70,8 @@ FORBIDDEN_NAMES = {
     "eval", "exec", "compile", "__import__", "open", "globals", "locals", "vars", "setattr", "delattr",
     "getattr", "breakpoint", "input", "memoryview", "__builtins__", "__loader__", "__spec__",
 }
+# Builtins a module-level constant may be computed with (float("-inf"), int(1e6), min(64, 2 ** 7)).
+NUMERIC_BUILTINS = {"float", "int", "abs", "min", "max", "round", "pow"}
 # Methods that pull tensor values into Python or numpy, where the answer could be computed unseen.
 VALUE_ESCAPES = {"numpy", "tolist", "from_numpy", "__array__", "__dlpack__", "untyped_storage", "storage"}
 # Allocation and zero-fill are not "doing the work"; anything else from torch inside an except handler is a fallback.
@@ -309,9 +311,15 @@ class _Kernel(ast.NodeVisitor):
         positional = [*args.posonlyargs, *args.args]
         defaults = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
         defaults += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
-        for param, default in defaults:
-            if not _is_literal(default):
-                self._flag(default, f"the default of {param.arg} must be a literal")
+        for param, default in defaults:  # evaluated where the kernel is defined, as Triton allows
+            if _is_literal(default) or (isinstance(default, ast.Name) and default.id in self.constants):
+                continue
+            base = _chain(default)[1] if isinstance(default, ast.Attribute) else None
+            if isinstance(base, ast.Name) and base.id in self.aliases:  # tl.float32: checked as in a body
+                self.visit(default)
+                continue
+            self._flag(default, f"the default of {param.arg} must be a literal, a module constant or a Triton "
+                                "dtype")
         for param in self.params:
             if param.annotation is not None:
                 self.visit(param.annotation)
@@ -614,7 +622,8 @@ class _Checker(ast.NodeVisitor):
             for d in node.decorator_list)
 
     def _constant_expr(self, node: ast.AST, constants: set[str]) -> bool:
-        """Literals, tuples and arithmetic of them, earlier constants, tl.constexpr(<literal>), tl dtypes."""
+        """Literals, tuples and arithmetic of them, earlier constants, math's constants and functions and the
+        numeric builtins applied to them, tl.constexpr(<one of those>), tl dtypes."""
         if isinstance(node, ast.Constant):
             return node.value is None or isinstance(node.value, (bool, int, float, str))
         if isinstance(node, ast.Tuple):
@@ -626,12 +635,19 @@ class _Checker(ast.NodeVisitor):
         if isinstance(node, ast.Name):
             return node.id in constants
         if isinstance(node, ast.Call):
+            if node.keywords or not all(self._constant_expr(a, constants) for a in node.args):
+                return False
+            if isinstance(node.func, ast.Name) and node.func.id in NUMERIC_BUILTINS:
+                return node.func.id not in self.bindings
             func = self._resolve(node.func)
+            if getattr(func, "__module__", None) == "math":   # math.log(2.0): a number, computed where it is defined
+                return True
             return getattr(func, "__module__", None) == "triton.language.core" and \
-                getattr(func, "__name__", None) == "constexpr" and len(node.args) == 1 and not node.keywords and \
-                self._constant_expr(node.args[0], constants)
+                getattr(func, "__name__", None) == "constexpr" and len(node.args) == 1
         if isinstance(node, ast.Attribute):
             value = self._resolve(node)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):   # math.pi, math.inf
+                return True
             return type(value).__module__ == "triton.language.core" and type(value).__name__ == "dtype"
         return False
 
@@ -667,7 +683,8 @@ class _Checker(ast.NodeVisitor):
     visit_ImportFrom = visit_Import
 
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in FORBIDDEN_NAMES:
+        if node.id in FORBIDDEN_NAMES and not any(node.id in scope for scope in self._scopes):
+            # the builtin; a function's own parameter or local of that name (forward(self, input)) is not it
             self._flag(node, f"{node.id} is not allowed in a candidate")
         binding = self._binding(node.id)
         if id(node) not in self._roots and isinstance(node.ctx, ast.Load) and binding:
