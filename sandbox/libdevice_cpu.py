@@ -9,10 +9,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _erfinv(x):
+    return torch.special.erfinv(torch.from_numpy(np.asarray(x, dtype=np.float64))).numpy()
+
 _lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
 _gamma = np.vectorize(math.gamma, otypes=[np.float64])
 
@@ -29,7 +35,8 @@ UNARY = {
     "rsqrt": lambda x: 1.0 / np.sqrt(x), "rsqrt_rn": lambda x: 1.0 / np.sqrt(x), "saturatef": lambda x: np.clip(x, 0, 1),
     "signbit": np.signbit, "sin": np.sin, "sinh": np.sinh, "sinpi": lambda x: np.sin(np.pi * x), "sqrt": np.sqrt,
     "tan": np.tan, "tanh": np.tanh, "tgamma": _gamma, "trunc": np.trunc, "finitef": np.isfinite,
-    "isfinited": np.isfinite,
+    "isfinited": np.isfinite, "erfinv": _erfinv, "erfcinv": lambda x: _erfinv(1.0 - x),
+    "normcdfinv": lambda x: math.sqrt(2) * _erfinv(2.0 * x - 1.0),
 }
 for _mode in ("rn", "rz", "rd", "ru"):
     UNARY[f"sqrt_{_mode}"] = np.sqrt
@@ -39,6 +46,7 @@ BINARY = {
     "atan2": np.arctan2, "copysign": np.copysign, "fdim": lambda x, y: np.maximum(x - y, 0), "fmod": np.fmod,
     "hypot": np.hypot, "nextafter": np.nextafter, "pow": np.power, "fast_powf": np.power,
     "fast_dividef": np.divide, "remainder": np.remainder, "fmax": np.fmax, "fmin": np.fmin,
+    "ldexp": lambda x, e: np.ldexp(x, np.asarray(e, dtype=np.int32)),
 }
 for _mode in ("rn", "rz", "rd", "ru"):
     for _name, _fn in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("div", np.divide)):
