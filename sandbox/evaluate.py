@@ -52,6 +52,10 @@ RECORDED_CALLS = 20
 # keep their allocators' caches for the next one (same target, same sizes); larger ones give the memory back.
 SHALLOW_RELEASE_FRACTION = 1 / 32
 LARGE_STATE_BYTES = 1 << 30  # weights above this get jailed processes with room for them, not the warm spares
+# Bytes every plan allocation is filled with before a trial, by trial: NaN bits in every float format, then zeros. A
+# kernel that leaves unwritten the elements whose answer is the fill (True in a bool output, 0.0 after a ReLU) fails
+# one of the two.
+TRIAL_POISONS = (0xFF, 0x00)
 PRUNE_TRIALS = 2   # main-shape trials timed before pruning (the faster counts: a first call may load lazily)
 # torch.compile modes the compile baseline can take. max-autotune-no-cudagraphs (autotuned Triton and GEMM templates)
 # is the stronger bar; "default" is what `torch.compile(model)` does, and KernelBench's published torch.compile
@@ -112,13 +116,15 @@ def versions() -> dict:
 
 
 class _InProcess:
-    """The CPU referee runs inside the evaluator: the same calls as a Child, without a process."""
+    """The CPU referee runs inside the evaluator: the same calls and replies as a Child, without a process."""
 
-    def __init__(self, obj) -> None:
-        self.obj = obj
+    def __init__(self, referee) -> None:
+        self.referee = referee
 
     def call(self, timeout_s: float, cmd: str, **kwargs) -> dict:
-        return getattr(self.obj, cmd)(**kwargs)
+        from sandbox.referee import answer
+
+        return answer(self.referee, {"cmd": cmd, **kwargs})
 
     def close(self) -> None:
         pass
@@ -568,7 +574,7 @@ class Evaluation:
                 continue
             try:
                 assembly = assemble_ptx(k.ptx, "sm_90")
-            except PtxAssembleError as e:
+            except (PtxAssembleError, ValueError) as e:  # ValueError: text ptxas cannot take (hostile plan data)
                 return self._finish("compile_error", str(e))
             usage = assembly.kernels.get(k.name)
             if usage:
@@ -607,7 +613,8 @@ class Evaluation:
             spreadable = False
             for trial, spread in trials:
                 seed = derive_seed(self.settings.seed, "trial", i, trial)
-                reasons = self._replay_and_check(i, seed, stats, timed=False, spread=spread)
+                reasons = self._replay_and_check(i, seed, stats, timed=False, spread=spread,
+                                                 poison=TRIAL_POISONS[trial % len(TRIAL_POISONS)])
                 if reasons is None:
                     return
                 if spread and self._last_check.get("skipped"):
@@ -616,7 +623,7 @@ class Evaluation:
                 stats.spread_trials += spread
                 if reasons:
                     self.result.correctness = stats
-                    what = f"trial {trial + 1}" + (" (inputs drawn from [0, 1) spread to [-4, 4))" if spread else "")
+                    what = f"trial {trial + 1}" + (" (non-negative inputs spread onto [-4, 4])" if spread else "")
                     return self._finish("incorrect", *self._hidden(
                         i, "incorrect", *[f"main shape, {what}: {r}" for r in reasons]))
                 spreadable = spreadable or bool(self._last_check.get("spreadable"))
@@ -646,10 +653,12 @@ class Evaluation:
         return True
 
     def _replay_and_check(self, i: int, seed: int, stats: Correctness | None, timed: bool,
-                          key: str | None = None, spread: bool = False) -> list[str] | None:
+                          key: str | None = None, spread: bool = False,
+                          poison: int = TRIAL_POISONS[0]) -> list[str] | None:
         """Fresh inputs, one replay, one comparison. None when the replay itself failed (the verdict is set).
-        spread: inputs drawn from [0, 1) are mapped to [-4, 4) on both sides (tools.inputs.make_inputs).
-        Timed calls skip the referee's question whether the inputs look drawn from [0, 1) (verify asks it)."""
+        spread: non-negative inputs are mapped onto [-4, 4] on both sides (tools.inputs.make_inputs). poison: the
+        byte the plan's allocations are filled with first. Timed calls skip the referee's question whether an input
+        has no value below 0 (verify asks it)."""
         key = key or self.keys[i]
         directory = self._output_dir()
         shape_key = self.shape_keys[i]
@@ -657,7 +666,7 @@ class Evaluation:
         known = self._inputs_s.get(shape_key)
         timeout = self._run_timeout() + (600 if known is None else 10 + 20 * known)
         reply = self._call(self.executor, timeout, "round", key=key, seed=seed, spread=spread, timed=timed,
-                           dir=str(directory) if directory else None)
+                           dir=str(directory) if directory else None, poison=poison)
         if not self._ok(reply, hidden=i or None, stage="profile" if timed else ""):
             return None
         self._inputs_s.setdefault(shape_key, reply.get("inputs_s") or 0.0)

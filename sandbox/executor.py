@@ -13,9 +13,9 @@ Commands (JSON lines in, JSON lines out on the control fd), see sandbox/evaluate
     shape {shape, target_source, overrides}      the target module for one shape
     load {key, plan_dir, shape}                  a plan's kernels and buffers; replies with kernel resources
     inputs {shape, seed, spread}                 fresh inputs for a shape (same seed, same bits as the referee's)
-    run {key, timed}                             poison the plan's allocations, run its steps (timed: cold L2, events)
+    run {key, timed, poison}                     poison the plan's allocations, run its steps (timed: cold L2, events)
     share {key, dir}                             outputs and inputs for the referee: IPC handles, or files in dir
-    round {key, seed, spread, timed, dir}        inputs + run + share in one command (one round trip per trial)
+    round {key, seed, spread, timed, dir, poison}  inputs + run + share in one command (one round trip per trial)
     unload {key}
     release {deep}                               free the inputs (deep: and the allocator's cache)
 
@@ -43,7 +43,7 @@ from tools.numerics import pin_numeric_flags
 from tools.target import module_from_source
 
 LAUNCH_COVER_CYCLES = 1_000_000  # about 0.5 ms at Hopper's ~2 GHz SM clock: hides the host's launch path
-POISON = 0xFF                    # NaN bits in every float format
+POISON = 0xFF                    # NaN bits in every float format (the evaluator alternates it with 0x00 by trial)
 
 _NUMPY = {"i1": "int8", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u1": "uint8", "u8": "uint8",
           "u16": "uint16", "u32": "uint32", "u64": "uint64", "fp16": "float16", "fp32": "float32", "f32": "float32",
@@ -175,22 +175,23 @@ class Executor:
             self._limit = torch.cuda.get_device_properties(DEVICE).total_memory * IN_PLACE_FRACTION
         return self._limit
 
-    def round(self, key: str, seed: int, spread: bool = False, timed: bool = False, dir: str | None = None) -> dict:
+    def round(self, key: str, seed: int, spread: bool = False, timed: bool = False, dir: str | None = None,
+              poison: int = POISON) -> dict:
         """One trial or timed call: fresh inputs, a replay, and what the referee needs to check it."""
         began = time.perf_counter()
         self.inputs(self.loaded[key].shape, seed, spread)
         if self.cuda:
             torch.cuda.synchronize()
         made = time.perf_counter() - began
-        ran = self.run(key, timed)
+        ran = self.run(key, timed, poison)
         return {**self.share(key, dir), **{k: v for k, v in ran.items() if k != "status"}, "inputs_s": made}
 
-    def run(self, key: str, timed: bool = False) -> dict:
+    def run(self, key: str, timed: bool = False, poison: int = POISON) -> dict:
         loaded = self.loaded[key]
         inputs = self.held[loaded.shape]
         self._check_inputs(loaded.plan, inputs)
         for buffer in loaded.allocs:  # no allocation may hold an old answer (or anything else) when forward starts
-            buffer.fill_(POISON)
+            buffer.fill_(int(poison) & 0xFF)
         if not self.cuda:
             began = time.perf_counter()
             self._steps(loaded, inputs)
@@ -295,7 +296,8 @@ class Executor:
         literals, and only the modules a Triton kernel may name."""
         from tools.rules import check_jit_function
 
-        lines = ["import triton", "import triton.language"]
+        lines = ["import triton", "import triton.language", f"import sandbox.libdevice_cpu as {CPU_LIBDEVICE}"]
+        checked: dict[str, ast.FunctionDef] = {}
         for alias, module in k.aliases.items():
             target = "sandbox.libdevice_cpu" if module == "triton.language.extra.libdevice" else module
             lines.append(f"import {target} as {alias}" if "." in target else f"import {target} as {alias}")
@@ -310,6 +312,9 @@ class Executor:
             if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef) or tree.body[0].name != name:
                 raise ExecutorError("rejected", f"the source of kernel {name} is not one function named {name}")
             tree.body[0].decorator_list = [ast.parse("triton.jit", mode="eval").body]
+            _drop_docstrings(tree.body[0])
+            tree = _LibdeviceChains(k.aliases).visit(tree)
+            checked[name] = tree.body[0]
             lines.append(ast.unparse(tree))
         self._modules += 1
         path = self.workdir / "kernels" / f"{k.name}_{self._modules}.py"
@@ -321,6 +326,9 @@ class Executor:
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
+        for name, fn in checked.items():
+            if not _interpreter_reads(getattr(module, name), fn):
+                raise ExecutorError("rejected", f"kernel {name}: the interpreter would not run the checked source")
         return getattr(module, k.name)
 
     def _resources(self, k: planfmt.Kernel, plan: planfmt.Plan, kernel) -> dict:
@@ -478,6 +486,68 @@ def _same_layout(old: list, new: list) -> bool:
                                             or a.untyped_storage().nbytes() != b.untyped_storage().nbytes()):
             return False
     return True
+
+
+CPU_LIBDEVICE = "_kloop_libdevice"   # the name the rebuilt module gives sandbox.libdevice_cpu
+
+
+class _LibdeviceChains(ast.NodeTransformer):
+    """`tl.extra.cuda.libdevice.erf` (libdevice reached through triton.language, which the rules allow) becomes
+    sandbox.libdevice_cpu's erf: the interpreter cannot run the real libdevice."""
+
+    PREFIXES = ("triton.language.extra.cuda.libdevice", "triton.language.extra.libdevice")
+
+    def __init__(self, aliases: dict[str, str]) -> None:
+        self.aliases = aliases
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        parts, base = [], node
+        while isinstance(base, ast.Attribute):
+            parts.insert(0, base.attr)
+            base = base.value
+        if isinstance(base, ast.Name) and base.id in self.aliases:
+            dotted = ".".join([self.aliases[base.id], *parts])
+            for prefix in self.PREFIXES:
+                if dotted.startswith(prefix + "."):
+                    *inner, last = dotted[len(prefix) + 1:].split(".")
+                    value: ast.expr = ast.Name(CPU_LIBDEVICE, ast.Load())
+                    for attr in inner:
+                        value = ast.Attribute(value=value, attr=attr, ctx=ast.Load())
+                    return ast.Attribute(value=value, attr=last, ctx=node.ctx)
+        return self.generic_visit(node)
+
+
+def _drop_docstrings(fn: ast.FunctionDef) -> None:
+    """Remove the statements that are only a string (docstrings): they do nothing, and ast.unparse writes them over
+    several lines, where Triton's interpreter looks for the function's `def` line by line (the last line starting
+    with "def " wins), so a docstring could hand it code that was never checked."""
+    for node in ast.walk(fn):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list) and body and all(isinstance(s, ast.stmt) for s in body):
+                kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                                and isinstance(s.value.value, str))]
+                body[:] = kept or [ast.Pass()]
+
+
+def _interpreter_reads(kernel, checked: ast.FunctionDef) -> bool:
+    """Whether Triton's interpreter, which re-reads a kernel's source from its file and compiles it from the last
+    line that starts with "def " (triton.runtime.interpreter.FunctionRewriter), gets exactly the checked function."""
+    import inspect
+    import textwrap
+
+    fn = getattr(kernel, "fn", kernel)
+    try:
+        lines, _ = inspect.getsourcelines(fn)
+        start = max(i for i, line in enumerate(lines) if line.strip().startswith("def "))
+        seen = ast.parse(textwrap.dedent("".join(lines[start:])))
+    except (OSError, TypeError, ValueError, SyntaxError):
+        return False
+    if len(seen.body) != 1 or not isinstance(seen.body[0], ast.FunctionDef):
+        return False
+    expected = ast.FunctionDef(**{f: getattr(checked, f) for f in checked._fields})
+    expected.decorator_list = []
+    return ast.dump(seen.body[0]) == ast.dump(expected)
 
 
 def _literal(value) -> str:

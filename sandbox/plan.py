@@ -359,6 +359,8 @@ class _Checker:
             k.arg_names = [_ident(n, "argument name") for n in _list(d.get("arg_names"), "arg names", 512)]
         else:
             k.ptx = _text(d.get("ptx"), "ptx")
+            if not k.ptx.strip() or not k.ptx.isascii():  # what ptxas takes: the trusted side assembles it
+                raise PlanError(f"kernel {k.name}: PTX must be non-empty ASCII text")
         return k
 
     def ref(self, raw) -> Ref:

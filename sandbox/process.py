@@ -3,12 +3,14 @@
 Commands go to the child's stdin; replies come back on a pipe of their own (never stdout or stderr, which belong to
 whatever the child runs and are only stored, size-capped). A reply is untrusted input: one line of at most
 MAX_REPLY bytes holding a JSON object whose status is one of the statuses its caller allows, else the child is
-killed and the call fails with a one-line reason. A child is its own session (process group) and, when jailed,
+killed and the call fails with a one-line reason. A jailed child has run candidate code, so every other field of
+its replies must also be one the protocol has, of its type (JAILED_FIELDS), before the trusted side reads any. A child is its own session (process group) and, when jailed,
 its own PID namespace, so killing it kills everything it started.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import shutil
@@ -28,6 +30,28 @@ ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "CUDA_VISIBLE_DEVICES", "
                  "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "TRITON_INTERPRET",
                  "TRITON_PTXAS_PATH", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
                  "TRITON_DEFAULT_FP_FUSION")
+
+
+def _seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _names(value) -> bool:
+    return isinstance(value, list) and all(v is None or isinstance(v, str) for v in value)
+
+
+def _resource_rows(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(row, dict) and isinstance(row.get("kernel"), str)
+        and all(isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool))) for k, v in row.items())
+        for row in value)
+
+
+# Every field a jailed child (planner; without a GPU, the interpreter executor) may put in a reply besides status and
+# message, with its type: the evaluator reads these, and a process that ran candidate code is hostile.
+JAILED_FIELDS = {"traceback": lambda v: isinstance(v, str), "fatal": lambda v: isinstance(v, bool),
+                 "ms": _seconds, "wall_ms": _seconds, "inputs_s": _seconds,
+                 "outputs": _names, "inputs": _names, "resources": _resource_rows}
 
 
 class ChildDied(Exception):
@@ -142,7 +166,9 @@ class Child:
         except (ValueError, RecursionError):
             reply = None
         if not isinstance(reply, dict) or reply.get("status") not in self.statuses or \
-                not isinstance(reply.get("message", ""), str):
+                not isinstance(reply.get("message", ""), str) or (self.isolation is not None and any(
+                    key not in ("status", "message") and not JAILED_FIELDS.get(key, lambda v: False)(value)
+                    for key, value in reply.items())):
             self.kill()
             raise ChildDied("the process broke the protocol: its reply was not one it may give")
         return reply

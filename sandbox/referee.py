@@ -24,7 +24,7 @@ import torch
 
 from sandbox.plan import ITEMSIZE, PlanError, read_untrusted
 from tools import verify
-from tools.inputs import DEVICE, make_inputs, unit_uniform
+from tools.inputs import DEVICE, make_inputs, spreadable
 from tools.numerics import pin_numeric_flags
 from tools.target import module_from_source
 
@@ -99,12 +99,29 @@ class Referee:
         return inputs
 
     def _expected(self, shape: str, seed: int, spread: bool = False) -> list:
-        inputs = self._inputs(shape, seed, spread)
+        self._inputs(shape, seed, spread)
         held = self.held[shape]
         if not held[2]:
-            with torch.no_grad():
-                held[2].extend(_flat(self.models[shape](*inputs)))
+            held[2].extend(_flat(self._on_inputs(shape, self.models[shape])))
         return held[2]
+
+    def _on_inputs(self, shape: str, fn):
+        """fn(*inputs) on the shape's held inputs, without grad; then `_restore_inputs`."""
+        inputs = self.held[shape][1]
+        before = _versions(inputs)
+        with torch.no_grad():
+            out = fn(*inputs)
+        self._restore_inputs(shape, inputs, before)
+        return out
+
+    def _restore_inputs(self, shape: str, inputs: list, before: list[int]) -> None:
+        """A reference that changed its inputs in place (nn.ReLU(inplace=True); their version counters tell) gets
+        ours made again from their seed: the candidate's inputs are checked against ours bit for bit."""
+        held = self.held.get(shape)
+        if held is None or held[1] is not inputs or _versions(inputs) == before:
+            return
+        seed, spread = held[0]
+        self.held[shape] = (held[0], make_inputs(self.modules[shape], seed, spread=spread), held[2])
 
     def expect(self, shape: str, seed: int) -> dict:
         outputs = self._expected(shape, seed)
@@ -114,10 +131,10 @@ class Referee:
     def check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None = None,
               spread: bool = False, probe: bool = True) -> dict:
         """Compare the candidate's outputs with the reference, and its inputs with ours, bit for bit.
-        The answer also says whether an input looks drawn from [0, 1) (`spreadable`: a spread trial is worth
-        making; probe=False skips that question, as timed calls do); a spread trial whose reference output is not
-        all finite is `skipped` (the op's domain excludes negative inputs: log, sqrt, probabilities), never held
-        against the candidate."""
+        The answer also says whether an input has no value below 0 (`spreadable`: a spread trial is worth making;
+        probe=False skips that question, as timed calls do); a spread trial whose reference fails or is not all
+        finite is `skipped` (the op's domain excludes negative inputs: log, sqrt, probabilities, a BCE loss), never
+        held against the candidate."""
         try:
             return self._check(shape, seed, outputs, inputs, directory, bool(spread), bool(probe))
         finally:
@@ -163,12 +180,20 @@ class Referee:
 
     def _check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None,
                spread: bool, probe: bool) -> dict:
-        expected = self._expected(shape, seed, spread)
+        try:
+            expected = self._expected(shape, seed, spread)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:
+            if not spread:
+                raise
+            return {"status": "ok", "reasons": [], "stats": {}, "skipped": "the reference fails on inputs spread to "
+                    f"[-4, 4]: {type(e).__name__}: {str(e)[:200]}"}
         ours = self.held[shape][1]
         if spread and not all(verify.all_finite(t) for t in expected if t.is_floating_point()):
             return {"status": "ok", "reasons": [], "stats": {}, "skipped": "the reference is not finite on inputs "
-                    "spread to [-4, 4)"}
-        spreadable = probe and not spread and any(unit_uniform(x) for x in ours)
+                    "spread to [-4, 4]"}
+        wider = probe and not spread and any(spreadable(x) for x in ours)
         if len(outputs) != len(expected):
             return {"status": "ok", "reasons": [f"forward returned {len(outputs)} outputs, the reference returns "
                                                 f"{len(expected)}"], "stats": {}}
@@ -184,7 +209,8 @@ class Referee:
             except (PlanError, ValueError, TypeError) as e:
                 return {"status": "ok", "reasons": [f"output {i}: {e}"], "stats": stats}
             found, s = verify.compare(out, ref, i, to_scale=spread)
-            if s.get("mismatches") and len(found) == 1 and ref.dtype != torch.float64:  # a near miss, no NaN at stake
+            if s.get("mismatches") and len(found) == 1 and ref.is_floating_point() and ref.dtype != torch.float64:
+                # a near miss, no NaN at stake (integers and bools are exact: there is nothing to judge again)
                 found = self._judge_against_float64(shape, i, out, ref, s, found)
             del out
             reasons += found
@@ -193,8 +219,13 @@ class Referee:
                     stats[key] = max(stats[key], s[key])
             if "worst" in s:
                 stats["worst"] = s["worst"]
-        for i, (desc, x) in enumerate(zip(inputs, ours)):
-            if desc is None or not isinstance(x, torch.Tensor):
+        ours = self.held[shape][1]   # as made again, if a float64 reference above changed them
+        for i, x in enumerate(ours):  # every input of ours, whatever the executor's answer lists
+            if not isinstance(x, torch.Tensor):
+                continue
+            desc = inputs[i] if i < len(inputs) else None
+            if not isinstance(desc, dict):
+                reasons.append(f"input {i} was not handed over to be checked for changes")
                 continue
             layout = dict(desc, dtype=str(x.dtype).removeprefix("torch."), shape=list(x.shape))
             try:
@@ -206,7 +237,7 @@ class Referee:
             del seen
         if self.cuda:  # nothing of ours still reads the executor's buffers when it is told to go on
             torch.cuda.synchronize()
-        return {"status": "ok", "reasons": reasons, "stats": stats, "spreadable": spreadable}
+        return {"status": "ok", "reasons": reasons, "stats": stats, "spreadable": wider}
 
     def _judge_against_float64(self, shape: str, i: int, out: torch.Tensor, ref: torch.Tensor, stats: dict,
                                reasons: list[str]) -> list[str]:
@@ -233,8 +264,10 @@ class Referee:
             if shape not in self.doubles:
                 self.doubles[shape] = copy.deepcopy(self.models[shape]).double()
             wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            before = _versions(inputs)   # a float64 input is its own wide copy
             with torch.no_grad():
                 outputs = _flat(self.doubles[shape](*wide))
+            self._restore_inputs(shape, inputs, before)
         except Exception:  # out of memory, or an op without float64: judged as it stands
             if self.cuda:
                 torch.cuda.empty_cache()
@@ -272,11 +305,15 @@ class Referee:
             expected.clear()
         del expected
         fn = self.models[shape] if name == "eager" else self._compiled(shape, mode)
+        inputs = self.held[shape][1]  # compiling ran the reference, which may have made them again
+        before = _versions(inputs)
         with torch.no_grad():
             if not self.cuda:
                 began = time.perf_counter()
                 out = fn(*inputs)
-                return {"status": "ok", "wall_ms": (time.perf_counter() - began) * 1e3}
+                wall_ms = (time.perf_counter() - began) * 1e3
+                self._restore_inputs(shape, inputs, before)
+                return {"status": "ok", "wall_ms": wall_ms}
             self.flush.zero_()
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -287,6 +324,7 @@ class Referee:
             end.record()
             torch.cuda.synchronize()
             wall_ms = (time.perf_counter() - began) * 1e3
+        self._restore_inputs(shape, inputs, before)
         held = self.held[shape]
         if name == "eager" and not held[2]:
             held[2].extend(_flat(out))  # eager's output is this round's reference: no second computation
@@ -297,8 +335,7 @@ class Referee:
         if (shape, mode) not in self.compiled:
             compiled = torch.compile(self.models[shape], mode=mode)
             if self.cuda:  # compile and autotune now, then give back what autotuning's copies left in the cache
-                with torch.no_grad():
-                    compiled(*self.held[shape][1])
+                self._on_inputs(shape, compiled)
                 torch.cuda.empty_cache()
             self.compiled[shape, mode] = compiled
         return self.compiled[shape, mode]
@@ -311,9 +348,11 @@ class Referee:
     def _roofline_counts(self, shape: str, seed: int) -> dict:
         from tools.profile import count_bytes_and_flops
 
-        inputs = self._inputs(shape, seed)
         outputs = self._expected(shape, seed)
+        inputs = self.held[shape][1]
+        before = _versions(inputs)
         nbytes, flops = count_bytes_and_flops(self.models[shape], inputs, outputs)
+        self._restore_inputs(shape, inputs, before)
         dtype = next((x.dtype for x in inputs if isinstance(x, torch.Tensor)), torch.float32)
         return {"status": "ok", "bytes": nbytes, "flops": flops, "dtype": str(dtype).removeprefix("torch."),
                 "io_bytes": sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
@@ -323,6 +362,11 @@ class Referee:
         from tools.profile import gpu_info
 
         return {"status": "ok", "gpu": gpu_info(DEVICE.index or 0) if self.cuda else None}
+
+
+def _versions(values: list) -> list[int]:
+    """The tensors' version counters: every in-place change of a tensor moves its own."""
+    return [t._version for t in values if isinstance(t, torch.Tensor)]
 
 
 def _nbytes(values: list) -> int:
@@ -352,20 +396,30 @@ def main() -> None:
     for line in sys.stdin:
         try:
             cmd = json.loads(line)
-            op = cmd.pop("cmd")
-            if op == "exit":
-                break
-            answer = getattr(referee, op)(**cmd) if op in COMMANDS else \
-                {"status": "runtime_error", "message": f"unknown command {op!r}"}
-        except torch.OutOfMemoryError as e:
-            referee.held.clear()
-            answer = {"status": "runtime_error", "message": f"out of memory in the reference: {str(e)[:300]}"}
-        except BaseException as e:
-            answer = {"status": "error", "message": f"{type(e).__name__}: {str(e)[:2000]}",
-                      "traceback": traceback.format_exc(limit=-6)[-4000:]}
-        reply.write(json.dumps(answer) + "\n")
+        except ValueError as e:
+            cmd = {"cmd": f"unreadable: {e}"}
+        if cmd.get("cmd") == "exit":
+            break
+        reply.write(json.dumps(answer(referee, cmd)) + "\n")
     reply.close()
     os._exit(0)
+
+
+def answer(referee: Referee, cmd: dict) -> dict:
+    """One command's reply: the reference's own failures (an exception, running out of memory) become a status the
+    evaluator reads, never an exception in its caller (on the CPU the referee runs inside the evaluator)."""
+    cmd = dict(cmd)
+    op = cmd.pop("cmd", None)
+    try:
+        if op not in COMMANDS:
+            return {"status": "runtime_error", "message": f"unknown command {op!r}"}
+        return getattr(referee, op)(**cmd)
+    except torch.OutOfMemoryError as e:
+        referee.held.clear()
+        return {"status": "runtime_error", "message": f"out of memory in the reference: {str(e)[:300]}"}
+    except Exception as e:
+        return {"status": "error", "message": f"{type(e).__name__}: {str(e)[:2000]}",
+                "traceback": traceback.format_exc(limit=-6)[-4000:]}
 
 
 if __name__ == "__main__":

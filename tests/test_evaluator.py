@@ -75,6 +75,9 @@ def text_of(result) -> str:
     ("tiny_scale2d", "honest_tma_desc"),
     ("kb_two_outputs", "honest_one_buffer_two_outputs"),
     ("kb_naive_variance", "honest_two_pass_variance"),   # more exact than the reference: judged against float64
+    ("tiny_add", "honest_docstring"),
+    ("kb_positive_mask", "honest_positive_mask"),
+    ("kb_erfinv", "honest_libdevice_chain"),
 ])
 def test_honest_kernels_of_every_kind_are_credited(session, target, name):
     r = judge(load_target(str(TARGETS / f"{target}.py")), name, session)
@@ -124,6 +127,7 @@ def test_a_weight_larger_than_the_jails_file_limit_travels_in_parts(tmp_path):
     ("mutates_input", "incorrect", "input 1 was modified"),
     ("wrong_dtype", "incorrect", "dtype float64"),
     ("subclass_output", "incorrect", "not exactly torch.Tensor"),
+    ("docstring_def", "incorrect", "NaN positions differ"),   # its docstring's Python never runs
     ("compile_error", "compile_error", "undefined_name"),
     ("syntax_error", "compile_error", "syntax error at line 3"),
 ])
@@ -296,11 +300,11 @@ class ModelNew(torch.nn.Module):
 
 def test_inputs_drawn_from_0_1_are_also_tried_below_0(session):
     # ReLU on torch.rand inputs is the identity: a copy passes every trial on the target's own inputs, and is
-    # caught only by the extra main-shape trial on inputs spread to [-4, 4).
+    # caught only by the extra main-shape trial on inputs spread onto [-4, 4].
     relu = load_target(str(TARGETS / "kb_relu_rand.py"))
     copy = judge_source(relu, UNARY.replace("EXPR", "x"), session)
     assert copy.verdict == "incorrect", copy.reasons
-    assert "spread to [-4, 4)" in copy.reasons[0] and copy.correctness.trials == 6
+    assert "spread onto [-4, 4]" in copy.reasons[0] and copy.correctness.trials == 6
     hardtanh = load_target(str(TARGETS / "kb_hardtanh_rand.py"))  # the identity on [-1, 1): the spread goes wider
     assert judge_source(hardtanh, UNARY.replace("EXPR", "x"), session).verdict == "incorrect"
     honest = judge_source(relu, UNARY.replace("EXPR", "tl.maximum(x, 0.0)"), session)
@@ -313,6 +317,47 @@ def test_inputs_drawn_from_0_1_are_also_tried_below_0(session):
     leaky = load_target(str(TARGETS / "kb_leaky_relu.py"))
     r = judge_source(leaky, UNARY.replace("EXPR", "tl.where(x > 0, x, x * 0.01)"), session)
     assert r.verdict == "correct" and r.correctness.spread_trials == 0, r.reasons
+
+
+def test_inputs_with_no_value_below_0_are_spread_whatever_their_range(session):
+    # |randn| is non-negative but reaches past 1: ReLU is still the identity there, and the copy still caught.
+    relu = load_target(str(TARGETS / "kb_relu_halfnormal.py"))
+    copy = judge_source(relu, UNARY.replace("EXPR", "x"), session)
+    assert copy.verdict == "incorrect" and "spread onto [-4, 4]" in copy.reasons[0], copy.reasons
+    honest = judge_source(relu, UNARY.replace("EXPR", "tl.maximum(x, 0.0)"), session)
+    assert honest.verdict == "correct" and honest.correctness.spread_trials == 1, honest.reasons
+
+
+BCE = UNARY.replace("def unary(x_ptr, out_ptr", "def unary(x_ptr, t_ptr, out_ptr").replace(
+    "    x = tl.load(x_ptr + offs, mask=mask)",
+    "    x = tl.load(x_ptr + offs, mask=mask, other=0.5)\n    t = tl.load(t_ptr + offs, mask=mask, other=0.0)").replace(
+    "def forward(self, x):", "def forward(self, x, t):").replace("](x, out,", "](x, t, out,").replace(
+    "EXPR", "-(t * tl.maximum(tl.log(x), -100.0) + (1.0 - t) * tl.maximum(tl.log(1.0 - x), -100.0))")
+
+
+def test_a_reference_that_refuses_spread_inputs_skips_that_trial(session):
+    # binary_cross_entropy raises on predictions outside [0, 1]: the spread trial has no answer, and an honest kernel
+    # is credited on its other trials (the 0/1 targets, whole numbers, are never spread).
+    r = judge_source(load_target(str(TARGETS / "kb_bce_rand.py")), BCE, session)
+    assert r.verdict == "correct" and r.correctness.spread_trials == 0 and r.correctness.trials == 9, r.reasons
+
+
+def test_a_reference_that_changes_its_input_in_place_is_no_reason_to_refuse_a_kernel(session):
+    # nn.ReLU(inplace=True) changes the referee's input; ours are made again, so an honest kernel's untouched input
+    # still matches them, and one that does the same in place is still caught.
+    target = load_target(str(TARGETS / "kb_relu_inplace.py"))
+    honest = judge_source(target, UNARY.replace("EXPR", "tl.maximum(x, 0.0)"), session)
+    assert honest.verdict == "correct", honest.reasons
+    in_place = UNARY.replace("EXPR", "tl.maximum(x, 0.0)").replace("out_ptr + offs", "x_ptr + offs").replace(
+        "out = torch.empty_like(x)", "out = x")
+    r = judge_source(target, in_place, session)
+    assert r.verdict == "incorrect" and any("input 0" in reason for reason in r.reasons), r.reasons
+
+
+def test_a_kernel_that_leaves_the_answer_to_the_fill_fails_one_of_the_two_fills(session):
+    # 0xFF reads as True in a bool output; the trials alternate it with 0x00, where the skipped stores read False.
+    r = judge(load_target(str(TARGETS / "kb_positive_mask.py")), "skips_true_stores", session)
+    assert r.verdict == "incorrect" and r.reasons[0].startswith("main shape, trial 2:"), r.reasons
 
 
 def test_broken_targets_get_one_clear_line():

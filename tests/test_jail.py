@@ -519,3 +519,37 @@ def test_a_target_with_large_weights_gets_a_process_with_room_for_them():
         spare.close(), roomy.close()
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("reply, believed", [
+    ({"status": "ok", "inputs": ["inputs-0.bin"], "outputs": ["outputs-0.bin"], "inputs_s": 0.01, "wall_ms": 2},
+     True),
+    ({"status": "ok", "inputs_s": "x"}, False),            # the timeout arithmetic would raise on it
+    ({"status": "ok", "ms": float("nan")}, False),
+    ({"status": "ok", "ms": True}, False),
+    ({"status": "ok", "inputs": [3]}, False),
+    ({"status": "ok", "resources": [{"registers": 4}]}, False),   # a row names its kernel
+    ({"status": "ok", "verdict": "correct"}, False),       # a field the protocol does not have
+    ({"status": "runtime_error", "message": "boom", "traceback": "...", "fatal": False}, True),
+])
+def test_a_jailed_childs_reply_carries_only_the_protocols_fields_and_types(reply, believed):
+    """A jailed process ran candidate code: any field of its reply the evaluator reads must be typed as the protocol
+    says, or the process is killed and the call fails (an unjailed, trusted child's reply is not held to it)."""
+    from sandbox.process import Child, ChildDied
+
+    def child(jailed: bool) -> Child:
+        c = Child.__new__(Child)
+        c.statuses, c.isolation = {"ok", "runtime_error", "ready"}, (jail.detect() if jailed else None)
+        c._buffer, c.killed = json.dumps(reply).encode() + b"\n", False
+        c.kill = lambda: setattr(c, "killed", True)
+        return c
+
+    jailed = child(True)
+    if believed:
+        assert jailed._read_reply(1) == reply and not jailed.killed
+    else:
+        with pytest.raises(ChildDied, match="broke the protocol"):
+            jailed._read_reply(1)
+        assert jailed.killed
+    trusted = child(False)
+    assert trusted._read_reply(1)["status"] == reply["status"] and not trusted.killed
