@@ -154,6 +154,7 @@ class Device:
         # (shape, torch.compile mode) -> torch.compile time / eager time, measured side by side
         self.compile_to_eager: dict[tuple[str, str], float] = {}
         self.restarts = 0
+        self.referee_starts = 0   # a new referee knows no shapes: evaluations tell it theirs again
         self._target_sha = ""   # the referee keeps one target's reference models at a time
 
     @property
@@ -173,7 +174,11 @@ class Device:
         return self._executor
 
     def referee(self):
+        """The GPU's referee (without a GPU, one in this process), started again if a reference took it down."""
+        if self._referee is not None and self.cuda and not self._referee.alive():
+            self.drop_referee()
         if self._referee is None:
+            self.referee_starts += 1
             if self.cuda:
                 self._referee = Child("sandbox.referee", cuda=True, jailed=False, statuses=REFEREE_STATUSES,
                                       workdir=Path(tempfile.mkdtemp(prefix="referee-", dir=self.session.directory)),
@@ -184,6 +189,13 @@ class Device:
 
                 self._referee = _InProcess(Referee())
         return self._referee
+
+    def drop_referee(self) -> None:
+        """The referee's CUDA context is gone (a device-side assert in the reference): the next call starts another."""
+        if self._referee is not None:
+            self._referee.close()
+            self._referee = None
+            self.restarts += 1
 
     def start(self) -> None:
         """Start the trusted processes now (each takes seconds), not at the first candidate."""
@@ -391,6 +403,8 @@ class Evaluation:
         self.device = device
         self.shapes = target.shapes(settings.small)
         self.shape_keys = [_shape_key(target, s) for s in self.shapes]
+        self._referee_shapes: set[int] = set()   # shapes the device's referee was told, and which referee start
+        self._referee_start: int | None = None
         self.init_seed = derive_seed(settings.seed, "init")
         self.planner: Child | None = None
         self.executor = None
@@ -540,8 +554,7 @@ class Evaluation:
             self._waited("executor:acquire", began)
         self.keys = [f"e{self.index}:{i}" for i in range(len(self.shapes))]
         for i, (shape, key) in enumerate(zip(self.shapes, self.shape_keys)):
-            self._ref(600, "shape", shape=key, target_source=self.target.source, overrides=shape,
-                      init_seed=self.init_seed)
+            self._referee_shape(i)
             reply = self._call(self.executor, 120, "shape", shape=key, target_source=self.target.source,
                                overrides=shape)
             if not self._ok(reply, hidden=i or None):
@@ -705,6 +718,10 @@ class Evaluation:
         reply = self._ref(600, "check", shape=self.shape_keys[i], seed=seed, outputs=outputs, inputs=inputs,
                           directory=str(directory) if directory else None, spread=spread, probe=probe)
         self._last_check = reply
+        if reply.get("status") != "ok" and spread and reply.get("fatal"):
+            # the reference took its process down on inputs outside its domain: no answer there, as when it raises
+            self._last_check = {"skipped": f"the reference ended its process on spread inputs: {reply.get('message')}"}
+            return []
         if reply.get("status") != "ok":
             self._finish("runtime_error", f"the reference failed: {reply.get('message')}")
             return None
@@ -888,8 +905,7 @@ class Evaluation:
                 device.use_target(self.target)
                 self.executor = device.executor()
                 key = f"e{self.index}:again"
-                self._ref(600, "shape", shape=self.shape_keys[0], target_source=self.target.source,
-                          overrides=self.shapes[0], init_seed=self.init_seed)
+                self._referee_shape(0)
                 reply = self._call(self.executor, 120, "shape", shape=self.shape_keys[0],
                                    target_source=self.target.source, overrides=self.shapes[0])
                 if self._ok(reply, hidden=None):
@@ -938,11 +954,32 @@ class Evaluation:
             self._waited(f"{'planner' if child is self.planner else 'executor'}:{cmd}", started)
 
     def _ref(self, timeout_s: float, cmd: str, **kwargs) -> dict:
+        """One referee command. A referee that ends (its CUDA context gone: a reference's device-side assert) answers
+        `fatal`; it is dropped, and the next command starts another, told this evaluation's shapes first."""
         started = time.perf_counter()
         try:
-            return self.device.referee().call(timeout_s, cmd=cmd, **kwargs)
+            referee = self.device.referee()
+            if cmd != "shape" and self._referee_shapes and self._referee_start != self.device.referee_starts:
+                self._referee_start = self.device.referee_starts
+                for i in sorted(self._referee_shapes):
+                    referee.call(600, cmd="shape", **self._shape_command(i))
+            reply = referee.call(timeout_s, cmd=cmd, **kwargs)
+        except (ChildDied, ChildTimeout) as e:
+            reply = {"status": "error", "message": f"the referee's process ended: {e}", "fatal": True}
         finally:
             self._waited(f"referee:{cmd}", started)
+        if reply.get("fatal"):
+            self.device.drop_referee()
+        return reply
+
+    def _shape_command(self, i: int) -> dict:
+        return {"shape": self.shape_keys[i], "target_source": self.target.source, "overrides": self.shapes[i],
+                "init_seed": self.init_seed}
+
+    def _referee_shape(self, i: int) -> None:
+        self._ref(600, "shape", **self._shape_command(i))
+        self._referee_shapes.add(i)
+        self._referee_start = self.device.referee_starts
 
     def _waited(self, what: str, since: float) -> None:
         waited = self.result.durations_s.setdefault("waited", {})

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from sandbox import plan as planfmt
+from sandbox.process import is_cuda_failure
 from tools.inputs import DEVICE, make_inputs
 from tools.numerics import pin_numeric_flags
 from tools.target import module_from_source
@@ -589,13 +590,6 @@ def _is_interpreter_compile_failure(e: BaseException) -> bool:
     return isinstance(e, InterpreterError) and isinstance(e.__cause__, (NameError, SyntaxError))
 
 
-def _is_cuda_failure(e: BaseException) -> bool:
-    text = f"{type(e).__name__}: {e}"
-    return any(s in text for s in ("CUDA error", "CUDA_ERROR", "cudaError", "illegal memory access",
-                                   "illegal instruction", "misaligned address", "unspecified launch failure",
-                                   "CUDADriverError", "an illegal", "device-side assert"))
-
-
 def serve(reply, workdir: Path) -> None:
     """Answer commands until stdin closes, `exit` comes, or the CUDA context is lost."""
     executor = Executor(workdir)
@@ -617,7 +611,7 @@ def serve(reply, workdir: Path) -> None:
             executor.held.clear()
             answer = {"status": "runtime_error", "message": f"out of memory: {str(e).splitlines()[0][:300]}"}
         except BaseException as e:  # a kernel that crashed, or a bug of ours: report, and leave if CUDA is gone
-            fatal = executor.cuda and _is_cuda_failure(e)
+            fatal = executor.cuda and is_cuda_failure(e)
             answer = {"status": "compile_error" if _is_interpreter_compile_failure(e) else "runtime_error",
                       "message": f"{type(e).__name__}: {str(e)[:2000]}",
                       "traceback": traceback.format_exc(limit=-6)[-4000:]}

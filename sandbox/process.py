@@ -4,8 +4,9 @@ Commands go to the child's stdin; replies come back on a pipe of their own (neve
 whatever the child runs and are only stored, size-capped). A reply is untrusted input: one line of at most
 MAX_REPLY bytes holding a JSON object whose status is one of the statuses its caller allows, else the child is
 killed and the call fails with a one-line reason. A jailed child has run candidate code, so every other field of
-its replies must also be one the protocol has, of its type (JAILED_FIELDS), before the trusted side reads any. A child is its own session (process group) and, when jailed,
-its own PID namespace, so killing it kills everything it started.
+its replies must also be one the protocol has, of its type (JAILED_FIELDS), before the trusted side reads any. A
+child is its own session (process group) and, when jailed, its own PID namespace, so killing it kills everything it
+started.
 """
 from __future__ import annotations
 
@@ -52,6 +53,15 @@ def _resource_rows(value) -> bool:
 JAILED_FIELDS = {"traceback": lambda v: isinstance(v, str), "fatal": lambda v: isinstance(v, bool),
                  "ms": _seconds, "wall_ms": _seconds, "inputs_s": _seconds,
                  "outputs": _names, "inputs": _names, "resources": _resource_rows}
+
+
+def is_cuda_failure(e: BaseException) -> bool:
+    """An error after which the process's CUDA context is unusable (an illegal address, a device-side assert): a
+    trusted child that meets one answers with `fatal` and exits, and the evaluator starts another."""
+    text = f"{type(e).__name__}: {e}"
+    return any(s in text for s in ("CUDA error", "CUDA_ERROR", "cudaError", "illegal memory access",
+                                   "illegal instruction", "misaligned address", "unspecified launch failure",
+                                   "CUDADriverError", "an illegal", "device-side assert"))
 
 
 class ChildDied(Exception):

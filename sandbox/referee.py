@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from sandbox.plan import ITEMSIZE, PlanError, read_untrusted
+from sandbox.process import is_cuda_failure
 from tools import verify
 from tools.inputs import DEVICE, make_inputs, spreadable
 from tools.numerics import pin_numeric_flags
@@ -182,13 +183,17 @@ class Referee:
                spread: bool, probe: bool) -> dict:
         try:
             expected = self._expected(shape, seed, spread)
+            if spread and self.cuda:  # a device-side assert on these inputs surfaces here, not in the next command
+                torch.cuda.synchronize()
         except torch.OutOfMemoryError:
             raise
         except Exception as e:
             if not spread:
                 raise
+            # binary_cross_entropy refuses predictions outside [0, 1]: on a GPU with a device-side assert, after
+            # which this process's CUDA context is gone (fatal: the evaluator starts another referee)
             return {"status": "ok", "reasons": [], "stats": {}, "skipped": "the reference fails on inputs spread to "
-                    f"[-4, 4]: {type(e).__name__}: {str(e)[:200]}"}
+                    f"[-4, 4]: {type(e).__name__}: {str(e)[:200]}", "fatal": self.cuda and is_cuda_failure(e)}
         ours = self.held[shape][1]
         if spread and not all(verify.all_finite(t) for t in expected if t.is_floating_point()):
             return {"status": "ok", "reasons": [], "stats": {}, "skipped": "the reference is not finite on inputs "
@@ -398,9 +403,14 @@ def main() -> None:
             cmd = json.loads(line)
         except ValueError as e:
             cmd = {"cmd": f"unreadable: {e}"}
+        if not isinstance(cmd, dict):
+            cmd = {"cmd": f"not an object: {str(cmd)[:100]}"}
         if cmd.get("cmd") == "exit":
             break
-        reply.write(json.dumps(answer(referee, cmd)) + "\n")
+        told = answer(referee, cmd)
+        reply.write(json.dumps(told) + "\n")
+        if told.get("fatal"):  # the CUDA context is gone: the evaluator starts another referee
+            break
     reply.close()
     os._exit(0)
 
@@ -419,7 +429,7 @@ def answer(referee: Referee, cmd: dict) -> dict:
         return {"status": "runtime_error", "message": f"out of memory in the reference: {str(e)[:300]}"}
     except Exception as e:
         return {"status": "error", "message": f"{type(e).__name__}: {str(e)[:2000]}",
-                "traceback": traceback.format_exc(limit=-6)[-4000:]}
+                "traceback": traceback.format_exc(limit=-6)[-4000:], "fatal": referee.cuda and is_cuda_failure(e)}
 
 
 if __name__ == "__main__":

@@ -342,6 +342,30 @@ def test_a_reference_that_refuses_spread_inputs_skips_that_trial(session):
     assert r.verdict == "correct" and r.correctness.spread_trials == 0 and r.correctness.trials == 9, r.reasons
 
 
+def test_a_referee_whose_cuda_context_dies_on_the_spread_trial_is_replaced(session, monkeypatch):
+    # On a GPU binary_cross_entropy's refusal is a device-side assert: the referee answers fatal and exits. Here the
+    # in-process referee plays that answer once; a new referee, told the shapes again, judges the rest.
+    from sandbox.referee import Referee
+
+    check, fatal = Referee.check, []
+
+    def dies_on_spread(self, *args, spread=False, **kwargs):
+        if spread and len(fatal) < 2:  # the first answers before it exits; the second dies before it can answer
+            fatal.append(True)
+            return {"status": "ok", "reasons": [], "stats": {}, "skipped": "device-side assert", "fatal": True} \
+                if len(fatal) == 1 else {"status": "error", "message": "the referee's process ended", "fatal": True}
+        return check(self, *args, spread=spread, **kwargs)
+
+    monkeypatch.setattr(Referee, "check", dies_on_spread)
+    target, honest = load_target(str(TARGETS / "kb_relu_halfnormal.py")), UNARY.replace("EXPR", "tl.maximum(x, 0.0)")
+    session.devices[0].referee()
+    starts = session.devices[0].referee_starts
+    for n in (1, 2):
+        r = judge_source(target, honest, session)
+        assert len(fatal) == n and r.verdict == "correct" and r.correctness.spread_trials == 0, r.reasons
+        assert session.devices[0].referee_starts == starts + n
+
+
 def test_a_reference_that_changes_its_input_in_place_is_no_reason_to_refuse_a_kernel(session):
     # nn.ReLU(inplace=True) changes the referee's input; ours are made again, so an honest kernel's untouched input
     # still matches them, and one that does the same in place is still caught.
