@@ -403,7 +403,7 @@ class Executor:
                                 [self._ptx_arg(loaded, inputs, a) for a in step.args], step.shared,
                                 torch.cuda.current_stream())
             else:
-                kernel[tuple(step.grid)](*[self._interpreted_arg(loaded, inputs, a) for a in step.args])
+                kernel[tuple(step.grid)](*[self._interpreted_arg(loaded, inputs, a, kernel) for a in step.args])
 
     def _triton_arg(self, loaded, inputs, a):
         if isinstance(a, tuple):
@@ -426,9 +426,9 @@ class Executor:
             return getattr(np, _NUMPY[a.type])(a.value)
         raise ExecutorError("rejected", "a PTX launch argument must be a pointer or a scalar")
 
-    def _interpreted_arg(self, loaded, inputs, a):
+    def _interpreted_arg(self, loaded, inputs, a, kernel):
         if isinstance(a, tuple):
-            return tuple(self._interpreted_arg(loaded, inputs, x) for x in a)
+            return tuple(self._interpreted_arg(loaded, inputs, x, kernel) for x in a)
         if isinstance(a, planfmt.Pointer):
             if a.ref is None:
                 return None
@@ -439,11 +439,16 @@ class Executor:
         if isinstance(a, planfmt.Scalar):
             return a.value
         if isinstance(a, planfmt.Constexpr):
+            if isinstance(a.value, str) and a.value.startswith(planfmt.JIT_CONSTEXPR):  # a rebuilt, checked function
+                fn = kernel.fn.__globals__.get(a.value[len(planfmt.JIT_CONSTEXPR):])
+                if fn is None or getattr(fn, "fn", None) is None or fn.fn.__globals__ is not kernel.fn.__globals__:
+                    raise ExecutorError("rejected", f"constexpr {a.value!r} names no jit function of the kernel")
+                return fn
             return _constexpr(a.value)
         if isinstance(a, planfmt.Descriptor):  # bounds were checked against the buffer when the plan was loaded
             from triton.tools.tensor_descriptor import TensorDescriptor
 
-            base = self._interpreted_arg(loaded, inputs, a.base)
+            base = self._interpreted_arg(loaded, inputs, a.base, kernel)
             return TensorDescriptor(base, a.shape, a.strides, a.block_shape, a.padding)
         raise ExecutorError("rejected", f"unknown argument {type(a).__name__}")
 

@@ -37,6 +37,7 @@ DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16"
 ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
             "uint8": 1, "bool": 1, "uint16": 2, "uint32": 4, "uint64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
 BUFFER_KINDS = ("input", "alloc", "state")
+JIT_CONSTEXPR = "kloop-jit:"   # an interpreted kernel's constexpr argument that is one of its jit functions, by name
 # Scalar kernel parameter types, as Triton's signatures and numpy (PTX launches) name them.
 INT_TYPES = {"i1": (0, 1), "i8": (-2**7, 2**7 - 1), "i16": (-2**15, 2**15 - 1), "i32": (-2**31, 2**31 - 1),
              "i64": (-2**63, 2**63 - 1), "u1": (0, 1), "u8": (0, 2**8 - 1), "u16": (0, 2**16 - 1),

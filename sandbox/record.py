@@ -279,12 +279,20 @@ class Recorder(TorchDispatchMode):
             meta = {k: v if k in constexprs else _implicit_cvt(v) for k, v in call.arguments.items()}
             grid = grid(meta)
         # Every parameter travels positionally, defaults applied: the executor calls the kernel the same way.
-        recorded = [self._interpreted_arg(call.arguments[n]) for n in names]
+        recorded = [self._interpreted_arg(call.arguments[n], index) for n in names]
         self.steps.append({"op": "launch", "kernel": index, "grid": _grid3(grid), "args": recorded})
 
-    def _interpreted_arg(self, value):
+    def _interpreted_arg(self, value, index: int):
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
         from triton.tools.tensor_descriptor import TensorDescriptor
 
+        if isinstance(value, (InterpretedFunction, JITFunction)):
+            # a jit function as a constexpr (ACT=gelu): its source travels with the kernel's, like a function it calls
+            extra, kernel = _interpreted_kernel(value.fn), self.kernels[index]
+            for field in ("functions", "constants", "aliases"):
+                kernel[field] = {**extra[field], **kernel[field]}
+            return {"constexpr": planfmt.JIT_CONSTEXPR + value.fn.__name__}
         if isinstance(value, torch.Tensor) or value is None:
             return {"ptr": self.pointer(value)}
         if isinstance(value, TensorDescriptor):
