@@ -63,3 +63,21 @@ def test_all_finite_looks_at_every_slice(monkeypatch):
     assert verify.all_finite(t)
     t[9, 3] = float("inf")                                       # in the last slice only
     assert not verify.all_finite(t)
+
+
+def test_the_spread_trial_takes_every_non_negative_draw_and_keeps_its_order():
+    from types import SimpleNamespace
+
+    from tools.inputs import make_inputs, spreadable
+
+    assert spreadable(torch.rand(100)) and spreadable(torch.randn(100).abs()) and spreadable(torch.rand(100) * 3 + 1)
+    assert spreadable(torch.rand(64, 32).t())                            # strided: judged on a view, never a copy
+    assert not spreadable(torch.randn(100))                              # already reaches below 0
+    assert not spreadable(torch.randint(0, 5, (100,)).float())           # whole numbers: a mask, counts, indices
+    assert not spreadable(torch.full((100,), 0.5)) and not spreadable(torch.rand(1))
+    module = SimpleNamespace(get_inputs=lambda: [torch.rand(1000) * 3 + 1, torch.randn(1000), torch.arange(10)])
+    plain, spread = make_inputs(module, 7), make_inputs(module, 7, spread=True)
+    assert float(spread[0].min()) == -4.0 and float(spread[0].max()) <= 4.0 and float(spread[0].max()) > 1.0
+    assert torch.equal(plain[0].argsort(), spread[0].argsort())          # sorted boundaries stay sorted
+    assert torch.equal(plain[1], spread[1]) and torch.equal(plain[2], spread[2])
+    assert torch.equal(spread[0], make_inputs(module, 7, spread=True)[0])   # the same bits on both sides

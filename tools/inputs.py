@@ -41,6 +41,7 @@ def spreadable(x) -> bool:
     lo, hi = x.min(), x.max()
     if not (bool(lo >= 0) and bool(hi > lo) and bool(torch.isfinite(hi))):
         return False
-    sample = x.reshape(-1)[:SAMPLE] if x.is_contiguous() else x
+    # a view, never a copy of a full-size input: its first SAMPLE elements, or (strided) its first row
+    sample = x.reshape(-1)[:SAMPLE] if x.is_contiguous() else x[(0,) * (x.dim() - 1)][:SAMPLE]
     return bool((sample != sample.trunc()).any())
 
