@@ -56,6 +56,7 @@ LARGE_STATE_BYTES = 1 << 30  # weights above this get jailed processes with room
 # kernel that leaves unwritten the elements whose answer is the fill (True in a bool output, 0.0 after a ReLU) fails
 # one of the two.
 TRIAL_POISONS = (0xFF, 0x00)
+INPUTS_TIMEOUT_S = 600   # making one set of a shape's inputs (seconds at KernelBench's full sizes)
 PRUNE_TRIALS = 2   # main-shape trials timed before pruning (the faster counts: a first call may load lazily)
 # torch.compile modes the compile baseline can take. max-autotune-no-cudagraphs (autotuned Triton and GEMM templates)
 # is the stronger bar; "default" is what `torch.compile(model)` does, and KernelBench's published torch.compile
@@ -154,6 +155,7 @@ class Device:
         # (shape, torch.compile mode) -> torch.compile time / eager time, measured side by side
         self.compile_to_eager: dict[tuple[str, str], float] = {}
         self.restarts = 0
+        self.inputs_s: dict[str, float] = {}   # shape key -> seconds the executor takes to make its inputs
         self.referee_starts = 0   # a new referee knows no shapes: evaluations tell it theirs again
         self._target_sha = ""   # the referee keeps one target's reference models at a time
 
@@ -412,7 +414,6 @@ class Evaluation:
         self.keys: list[str] = []
         self.output_meta: list[list[dict]] = []
         self.io_bytes: int | None = None     # the main shape's inputs and outputs (how much a release frees)
-        self._inputs_s: dict[str, float] = {}
         self._locked = False
         self._sass: tuple[threading.Thread, dict[str, str]] | None = None   # disassembling while the device works
         self.abandoned = False   # set by a closing pipeline: planning stops at the next step
@@ -673,16 +674,14 @@ class Evaluation:
         byte the plan's allocations are filled with first. Timed calls skip the referee's question whether an input
         has no value below 0 (verify asks it)."""
         key = key or self.keys[i]
+        timeout = self._round_timeout(i, seed, spread)
+        if timeout is None:
+            return None
         directory = self._output_dir()
-        shape_key = self.shape_keys[i]
-        # A first round on a shape may take long to make its inputs; later ones get the hang limit and some slack.
-        known = self._inputs_s.get(shape_key)
-        timeout = self._run_timeout() + (600 if known is None else 10 + 20 * known)
         reply = self._call(self.executor, timeout, "round", key=key, seed=seed, spread=spread, timed=timed,
                            dir=str(directory) if directory else None, poison=poison)
         if not self._ok(reply, hidden=i or None, stage="profile" if timed else ""):
             return None
-        self._inputs_s.setdefault(shape_key, reply.get("inputs_s") or 0.0)
         self._last_run = reply
         return self._check(i, seed, key, stats, spread, shared=reply, probe=not timed)
 
@@ -848,12 +847,12 @@ class Evaluation:
     def _replay(self, seed: int) -> dict | None:
         """One timed call of the candidate on fresh inputs (its outputs described for the check); None if it
         failed (the verdict is set)."""
-        known = self._inputs_s.get(self.shape_keys[0])
-        timeout = self._run_timeout() + (600 if known is None else 10 + 20 * known)
+        timeout = self._round_timeout(0, seed, False)
+        if timeout is None:
+            return None
         reply = self._call(self.executor, timeout, "round", key=self.keys[0], seed=seed, timed=True)
         if not self._ok(reply, hidden=None, stage="profile"):
             return None
-        self._inputs_s.setdefault(self.shape_keys[0], reply.get("inputs_s") or 0.0)
         return reply
 
     def _versus_best(self, best: BestKernel, key: str | None = None) -> None:
@@ -941,6 +940,21 @@ class Evaluation:
     # -- plumbing ------------------------------------------------------------------------------------------------
     def _run_timeout(self) -> float:
         return self.settings.hang_timeout_s if self.session.cuda else self.settings.run_timeout_s
+
+    def _round_timeout(self, i: int, seed: int, spread: bool) -> float | None:
+        """The limit of one round on shape i: the hang limit, plus slack for making its inputs (at full size that
+        can take seconds). What making them takes is measured here, by a command of its own with the inputs' limit,
+        the first time the device meets the shape, so a kernel that hangs costs the hang limit, never the inputs'.
+        None if that failed (the verdict is set)."""
+        shape_key = self.shape_keys[i]
+        known = self.device.inputs_s.get(shape_key)
+        if known is None:
+            began = time.perf_counter()
+            reply = self._call(self.executor, INPUTS_TIMEOUT_S, "inputs", shape=shape_key, seed=seed, spread=spread)
+            if not self._ok(reply, hidden=i or None):
+                return None
+            known = self.device.inputs_s[shape_key] = time.perf_counter() - began
+        return self._run_timeout() + 10 + 20 * known
 
     def _call(self, child, timeout_s: float, cmd: str, **kwargs) -> dict:
         started = time.perf_counter()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -126,6 +127,7 @@ class Executor:
         if any(k.kind == "ptx" for k in plan.kernels) and not self.cuda:
             return {"status": "not_run", "message": "no CUDA GPU: the PTX was assembled but cannot run here"}
         kernels = [self._kernel(k, plan) for k in plan.kernels]
+        _constexprs_are_values(plan, kernels)
         allocs = [torch.empty(n, dtype=torch.uint8, device=DEVICE) for n in plan.allocs]
         state = [self._state(plan, entry) for entry in plan.state]
         loaded = Loaded(plan, shape, kernels, allocs, state)
@@ -157,6 +159,7 @@ class Executor:
                     if isinstance(held, torch.Tensor):
                         held.copy_(fresh)
                 old[:] = [h if isinstance(h, torch.Tensor) else f for h, f in zip(old, new)]
+                torch.cuda.synchronize()  # made, not queued: the evaluator times this command
                 return {"status": "ok"}
             del new
         another_shape = shape not in self.held
@@ -169,6 +172,8 @@ class Executor:
                 # cached full-size block leaves the rest too small for the next full-size one, which takes a second
                 torch.cuda.empty_cache()
         self.held[shape] = make_inputs(self.shapes[shape], seed, spread=bool(spread))
+        if self.cuda:
+            torch.cuda.synchronize()
         return {"status": "ok"}
 
     def _in_place_limit(self) -> float:
@@ -179,13 +184,9 @@ class Executor:
     def round(self, key: str, seed: int, spread: bool = False, timed: bool = False, dir: str | None = None,
               poison: int = POISON) -> dict:
         """One trial or timed call: fresh inputs, a replay, and what the referee needs to check it."""
-        began = time.perf_counter()
         self.inputs(self.loaded[key].shape, seed, spread)
-        if self.cuda:
-            torch.cuda.synchronize()
-        made = time.perf_counter() - began
         ran = self.run(key, timed, poison)
-        return {**self.share(key, dir), **{k: v for k, v in ran.items() if k != "status"}, "inputs_s": made}
+        return {**self.share(key, dir), **{k: v for k, v in ran.items() if k != "status"}}
 
     def run(self, key: str, timed: bool = False, poison: int = POISON) -> dict:
         loaded = self.loaded[key]
@@ -556,9 +557,34 @@ def _interpreter_reads(kernel, checked: ast.FunctionDef) -> bool:
     return ast.dump(seen.body[0]) == ast.dump(expected)
 
 
+def _constexprs_are_values(plan: planfmt.Plan, kernels: list) -> None:
+    """Triton's interpreter hands a tl.constexpr parameter its argument as it is: a tensor there would reach the
+    kernel body as a torch.Tensor, whose methods (sum, softmax, ...) share names with Triton's. Numbers, dtypes and
+    jit functions may fill those parameters; buffers may not (on a GPU Triton refuses a tensor constexpr too)."""
+    from triton.runtime.interpreter import GridExecutor
+
+    for step in plan.steps:
+        if not isinstance(step, planfmt.Launch) or plan.kernels[step.kernel].kind != "interpreted":
+            continue
+        k, kernel = plan.kernels[step.kernel], kernels[step.kernel]
+        constexprs = GridExecutor(kernel.fn, k.arg_names, tuple(step.grid)).constexprs
+        for name, arg in zip(k.arg_names, step.args):
+            if name in constexprs and _holds_buffer(arg):
+                raise ExecutorError("rejected", f"kernel {k.name}: parameter {name} is a tl.constexpr, and was "
+                                    "given a tensor")
+
+
+def _holds_buffer(arg) -> bool:
+    if isinstance(arg, tuple):
+        return any(_holds_buffer(a) for a in arg)
+    return isinstance(arg, (planfmt.Pointer, planfmt.Descriptor))
+
+
 def _literal(value) -> str:
     if isinstance(value, str) and value.startswith("tl."):
         return f"triton.language.dtype({value[3:]!r})"
+    if isinstance(value, float) and not math.isfinite(value):   # repr gives inf and nan, names no module defines
+        return f"float({str(value)!r})"
     return repr(value)
 
 

@@ -51,7 +51,7 @@ def _resource_rows(value) -> bool:
 # Every field a jailed child (planner; without a GPU, the interpreter executor) may put in a reply besides status and
 # message, with its type: the evaluator reads these, and a process that ran candidate code is hostile.
 JAILED_FIELDS = {"traceback": lambda v: isinstance(v, str), "fatal": lambda v: isinstance(v, bool),
-                 "ms": _seconds, "wall_ms": _seconds, "inputs_s": _seconds,
+                 "ms": _seconds, "wall_ms": _seconds,
                  "outputs": _names, "inputs": _names, "resources": _resource_rows}
 
 

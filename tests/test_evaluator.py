@@ -222,6 +222,21 @@ def test_hang_is_killed_with_everything_it_started(tiny, session):
     assert time.monotonic() - start < 40
 
 
+def test_a_tensor_in_a_constexpr_parameter_never_reaches_the_kernel(tiny, session):
+    r = judge(tiny, "constexpr_tensor", session)
+    if HAS_GPU:  # Triton's compiler takes no tensor as a constexpr: the planner fails, whichever way it says it
+        assert r.verdict in ("compile_error", "runtime_error", "rejected"), (r.verdict, r.reasons)
+    else:        # the interpreter would hand it over as a torch.Tensor: the executor refuses the plan
+        assert r.verdict == "rejected" and "parameter A is a tl.constexpr" in r.reasons[0], r.reasons
+
+
+def test_a_kernel_that_hangs_in_the_replay_costs_the_hang_limit(tiny, session):
+    start = time.monotonic()
+    r = judge(tiny, "hangs_in_replay", session, run_timeout_s=5, hang_timeout_s=5)
+    assert r.verdict == "timeout" and r.reasons[0].startswith("round: no answer within"), r.reasons
+    assert time.monotonic() - start < 60   # the first round on a shape had 600 s (its inputs' limit) before
+
+
 def kloop(*args, env=None, **kwargs):
     return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, cwd=REPO,
                           env=dict(os.environ, **(env or {})), timeout=300, **kwargs)
