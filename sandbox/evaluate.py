@@ -637,7 +637,7 @@ class Evaluation:
                 stats.spread_trials += spread
                 if reasons:
                     self.result.correctness = stats
-                    what = f"trial {trial + 1}" + (" (non-negative inputs spread onto [-4, 4])" if spread else "")
+                    what = f"trial {trial + 1}" + (" (one-signed inputs spread onto [-4, 4])" if spread else "")
                     return self._finish("incorrect", *self._hidden(
                         i, "incorrect", *[f"main shape, {what}: {r}" for r in reasons]))
                 spreadable = spreadable or bool(self._last_check.get("spreadable"))
@@ -670,9 +670,9 @@ class Evaluation:
                           key: str | None = None, spread: bool = False,
                           poison: int = TRIAL_POISONS[0]) -> list[str] | None:
         """Fresh inputs, one replay, one comparison. None when the replay itself failed (the verdict is set).
-        spread: non-negative inputs are mapped onto [-4, 4] on both sides (tools.inputs.make_inputs). poison: the
+        spread: one-signed inputs are mapped onto [-4, 4] on both sides (tools.inputs.make_inputs). poison: the
         byte the plan's allocations are filled with first. Timed calls skip the referee's question whether an input
-        has no value below 0 (verify asks it)."""
+        has values of one sign only (verify asks it)."""
         key = key or self.keys[i]
         timeout = self._round_timeout(i, seed, spread)
         if timeout is None:

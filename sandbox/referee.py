@@ -132,7 +132,7 @@ class Referee:
     def check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None = None,
               spread: bool = False, probe: bool = True) -> dict:
         """Compare the candidate's outputs with the reference, and its inputs with ours, bit for bit.
-        The answer also says whether an input has no value below 0 (`spreadable`: a spread trial is worth making;
+        The answer also says whether an input's values have one sign (`spreadable`: a spread trial is worth making;
         probe=False skips that question, as timed calls do); a spread trial whose reference fails or is not all
         finite is `skipped` (the op's domain excludes negative inputs: log, sqrt, probabilities, a BCE loss), never
         held against the candidate."""

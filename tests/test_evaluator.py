@@ -336,11 +336,15 @@ def test_inputs_drawn_from_0_1_are_also_tried_below_0(session):
     assert r.verdict == "correct" and r.correctness.spread_trials == 0, r.reasons
 
 
-def test_inputs_with_no_value_below_0_are_spread_whatever_their_range(session):
+def test_one_signed_inputs_are_spread_whatever_their_range(session):
     # |randn| is non-negative but reaches past 1: ReLU is still the identity there, and the copy still caught.
     relu = load_target(str(TARGETS / "kb_relu_halfnormal.py"))
     copy = judge_source(relu, UNARY.replace("EXPR", "x"), session)
     assert copy.verdict == "incorrect" and "spread onto [-4, 4]" in copy.reasons[0], copy.reasons
+    # on rand() - 1, a non-positive draw, ReLU is 0: a kernel that writes zeros is caught the same way
+    zeros = load_target(str(TARGETS / "kb_relu_nonpositive.py"))
+    r = judge_source(zeros, UNARY.replace("EXPR", "x * 0.0"), session)
+    assert r.verdict == "incorrect" and "spread onto [-4, 4]" in r.reasons[0], r.reasons
     honest = judge_source(relu, UNARY.replace("EXPR", "tl.maximum(x, 0.0)"), session)
     assert honest.verdict == "correct" and honest.correctness.spread_trials == 1, honest.reasons
 

@@ -72,7 +72,8 @@ def test_the_spread_trial_takes_every_non_negative_draw_and_keeps_its_order():
 
     assert spreadable(torch.rand(100)) and spreadable(torch.randn(100).abs()) and spreadable(torch.rand(100) * 3 + 1)
     assert spreadable(torch.rand(64, 32).t())                            # strided: judged on a view, never a copy
-    assert not spreadable(torch.randn(100))                              # already reaches below 0
+    assert spreadable(torch.rand(100) - 1)                               # non-positive: ReLU is 0 on all of it
+    assert not spreadable(torch.randn(100))                              # already has both signs
     assert not spreadable(torch.randint(0, 5, (100,)).float())           # whole numbers: a mask, counts, indices
     assert not spreadable(torch.full((100,), 0.5)) and not spreadable(torch.rand(1))
     module = SimpleNamespace(get_inputs=lambda: [torch.rand(1000) * 3 + 1, torch.randn(1000), torch.arange(10)])

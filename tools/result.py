@@ -84,7 +84,7 @@ class Counters:
 class Correctness:
     trials: int = 0
     shapes: int = 0
-    spread_trials: int = 0                 # of the trials, those on non-negative inputs spread onto [-4, 4]
+    spread_trials: int = 0                 # of the trials, those on one-signed inputs spread onto [-4, 4]
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
     worst: dict | None = None

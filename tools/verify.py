@@ -10,7 +10,7 @@ Tolerances per dtype (an element passes when |out - ref| <= atol + rtol * |ref|)
 | bfloat16 | 2e-2 | 2e-2 |
 | integers, bool | exact | exact |
 
-The spread trial (non-negative inputs mapped onto [-4, 4], sandbox/referee.py) is judged against the output's
+The spread trial (one-signed inputs mapped onto [-4, 4], sandbox/referee.py) is judged against the output's
 scale: atol grows by rtol * max|ref|, since sums of terms of both signs cancel (a cumsum's or a sum's rounding error
 follows the terms' magnitude, not the result's); a kernel that skips the op on negative inputs is off by O(1) there.
 
