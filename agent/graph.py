@@ -103,6 +103,7 @@ class Loop:
     measuring: threading.Lock = field(default_factory=threading.Lock)
     windows: dict[int, list[str]] = field(default_factory=dict)   # branch -> keys in flight, oldest first
     last_commit: float = field(default_factory=time.monotonic)    # when the last attempt was logged (any branch)
+    views: dict[int, AttemptView] = field(default_factory=dict)   # attempt id -> its view (attempts never change)
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def start(self, state: dict) -> Command:
@@ -125,7 +126,7 @@ class Loop:
                     if reason:              # no more proposals; the ones in flight are still logged
                         break
                     key = uuid.uuid4().hex
-                    turn = len(self.store.attempts(self.run_id, branch)) + len(window) + 1
+                    turn = len(self.store.history(self.run_id, branch)) + len(window) + 1
                     parent = choose(self.store, self.run_id, self.settings, branch, turn)
                     live = self.live[key] = Live(turn=turn, started=time.monotonic(),
                                                  parent_attempt_id=parent.attempt_id, parent=parent)
@@ -280,16 +281,21 @@ class Loop:
 
     def context(self, branch: int, live: Live) -> ProposeContext:
         parent = live.parent
-        rows = self.store.attempts(self.run_id, branch) if parent is None or parent.shown is None else parent.shown
+        rows = self.store.history(self.run_id, branch) if parent is None or parent.shown is None else parent.shown
         best = self.store.best_attempt(self.run_id) if parent is None or parent.show_best else None
         shown_parent = parent is not None and parent.show_parent and parent.attempt is not None
         return ProposeContext(
             run_id=self.run_id, branch=branch, turn=live.turn, target_name=self.target_name,
             target_source=self.target_source, language=self.settings.language, gpu=self.gpu,
-            history=[attempt_view(row) for row in rows], best=attempt_view(best) if best else None,
+            history=[self.view(row) for row in rows], best=attempt_view(best) if best else None,
             budget_left=self.budget_left(self.store.progress(self.run_id)), tool_results=live.tool_results,
             strategy=self.settings.strategy, parent=attempt_view(parent.attempt) if shown_parent else None,
             parent_reason=parent.reason if parent is not None else "", lessons=list(self.settings.lessons))
+
+    def view(self, row: dict) -> AttemptView:
+        if row["id"] not in self.views:
+            self.views[row["id"]] = attempt_view(row)
+        return self.views[row["id"]]
 
     def view_of(self, live: Live, branch: int) -> AttemptView:
         """The attempt being reflected on, before it is committed (so it has no id or number yet)."""

@@ -187,6 +187,30 @@ def test_ptx_and_sass_are_stored_once_and_read_back_in_the_result(db):
     assert row["result"]["sass"] == row["sass"] == result.sass
 
 
+def test_history_reads_each_attempt_once_without_its_sass(db):
+    # The loop reads a run's attempts before every proposal: re-reading thousands of rows each time made a proposal
+    # cost seconds late in a long run. history() reads only the rows logged since its last call.
+    result = evaluated.result("correct", 3.0, eager_us=6.0)
+    result.ptx, result.sass = {"k": ".visible .entry k()"}, {"k": "HMMA.16816.F32 R0, R4, R8, R0 ;"}
+    run_id, other = db.create_run(target_name="t"), db.create_run(target_name="u")
+    db.add_attempt(run_id, source="a", branch=0, **attempt_columns(result))
+    db.add_attempt(other, source="elsewhere")
+    assert [a["source"] for a in db.history(run_id)] == ["a"]
+    first = db.history(run_id)[0]
+    assert "sass" not in first and "sass" not in first["result"] and first["result"]["ptx"] == result.ptx
+    db.add_attempt(run_id, source="b", branch=1, verdict="correct")
+    assert [a["source"] for a in db.history(run_id)] == ["a", "b"] and db.history(run_id)[0] is first   # read once
+    with pytest.raises(RuntimeError):   # rolled back: read inside the transaction, then gone
+        with db.transaction():
+            db.add_attempt(run_id, source="lost", branch=0)
+            assert [a["source"] for a in db.history(run_id)] == ["a", "b", "lost"]
+            raise RuntimeError("crash before the commit")
+    db.add_attempt(run_id, source="c", branch=0)
+    assert [(a["number"], a["source"]) for a in db.history(run_id)] == [(1, "a"), (2, "b"), (3, "c")]
+    assert [a["source"] for a in db.history(run_id, 0)] == ["a", "c"]
+    assert [a["source"] for a in db.attempts(run_id)] == ["a", "b", "c"]
+
+
 def test_fastest_is_one_order_in_sql_and_in_python(tmp_path):
     """FASTEST_ORDER (SQL) and fastest_key (Python, rows in number order) rank verified attempts the same way:
     faster first, untimed last, the earlier of equals first."""

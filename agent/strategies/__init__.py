@@ -170,7 +170,7 @@ def make_strategy(name: str) -> Strategy:
 
 def choose(store, run_id: str, settings, branch: int, turn: int) -> Parent:
     """The loop's entry point: the parent of the next attempt of `branch` under settings.strategy."""
-    archive = Archive(store.attempts(run_id), store.progress(run_id)["best_id"],
+    archive = Archive(store.history(run_id), store.progress(run_id)["best_id"],
                       islands=max(1, getattr(settings, "islands", 2)),
                       migrate_every=max(1, getattr(settings, "migrate_every", 4)))
     strategy = make_strategy(getattr(settings, "strategy", "refine") or "refine")
