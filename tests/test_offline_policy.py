@@ -150,6 +150,33 @@ def test_memory_bound_triton_kernel_gets_ptx_cache_hint_edits():
     assert namespace["PTX_VARIANTS"][0]["divisible"] == [3] and namespace["PTX_VARIANTS"][1]["divisible"] == []
 
 
+def test_the_ptx_twin_compiles_while_the_one_step_moves_are_proposed(monkeypatch):
+    # Compiling the best's PTX takes seconds (a fresh process, the target's inputs at full size); a propose that
+    # waited for it stopped every attempt in flight from being logged (8-9 s stalls on an H100). It starts with the
+    # first move around the best; only the PTX moves wait for it.
+    from agent.kernels import ptx_edits
+    import threading
+
+    started, release = [], threading.Event()
+
+    def slow_compile(source, spec):
+        started.append(spec)
+        release.wait(30)
+        return []
+
+    monkeypatch.setattr(ptx_edits, "compile_for_target", slow_compile)
+    policy = make_policy("offline", target=load_target("vector_add"))
+    start = policy.propose(context([], language="auto"))
+    first = attempt(1, start, result=at_sol(0.5, ptx={"vector_add_kernel": "// as a GPU run reports it"}), speedup=1.0)
+    history = [first, attempt(2, policy.propose(context([first])), verdict="runtime_error")]
+    move = policy.propose(context(history, best=first))
+    assert move.language == "triton" and started == ["vector_add"]   # proposed without waiting for the compile
+    release.set()
+    history.append(attempt(3, move, verdict="runtime_error"))
+    assert policy.propose(context(history, best=first)).language == "triton"
+    assert started == ["vector_add"]   # once per source
+
+
 def test_a_best_without_a_ptx_twin_does_not_hold_back_the_ptx_moves_of_one_with_it(monkeypatch):
     # matmul_bias_relu's best is a TMA starter (its PTX takes tensor maps: no PTX twin); the grouped starter, slower,
     # has one. Its PTX moves come right after the best's one-step neighbours, not after the best's whole

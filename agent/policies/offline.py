@@ -13,7 +13,8 @@ step up or down its list, the step chosen from the reflect node's diagnosis, the
 attempt's PTX (cache hints) come between the two when the kernel is memory-bound below 80% of bandwidth, last
 otherwise (where the anchor has no PTX twin, the fastest attempt with one gets its PTX moves after the anchor's
 one-step moves); they compile the attempt's Triton source for the target's main shape in a subprocess (once per
-source; specialized and generic PTX, see agent/kernels/ptx_edits.py). A source already tried (by hash) is never
+source, started on a thread when the attempt becomes the anchor with a PTX twin, so that only its PTX moves wait for
+it; specialized and generic PTX, see agent/kernels/ptx_edits.py). A source already tried (by hash) is never
 proposed again. Each candidate's first line records its starter and values, so the search can resume from any attempt
 in the database. When the Inductor starter and its first neighbours pass the main shape but all fail a hidden
 variant, the policy stops and says why: torch.compile fixed a size the variants change, which no tunable undoes.
@@ -26,6 +27,7 @@ import json
 import math
 import re
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -98,7 +100,10 @@ class OfflinePolicy:
             raise PolicyError(NO_STARTERS)
         self.by_name = {t.name: t for t in self.templates}
         self.target = target
-        self.compiled: dict[str, list] = {}   # Triton source hash -> its PTX compilations ([] when compiling failed)
+        # Triton source hash -> its PTX compilations ([] when compiling failed), started ahead (prefetch) on a
+        # thread: a compile takes seconds, and a propose that waits for it stops the whole pipeline meanwhile.
+        self.compiled: dict[str, Future] = {}
+        self._compiler = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kloop-ptx-twin")
         self.store = store
         self.claimed: set[str] = set()   # proposed by this process but maybe not yet committed (parallel branches)
         self.remembered = [r for r in remembered or [] if r.get("template") in self.by_name]
@@ -108,9 +113,10 @@ class OfflinePolicy:
         fixed = self.fixed_size(ctx.history)
         if fixed:
             return Proposal("triton", "", fixed, done=True)
-        tried = {source_hash(a.source) for a in ctx.history}
-        if self.store is not None:
-            tried |= {a["source_hash"] for a in self.store.attempts(ctx.run_id)}
+        if self.store is not None:   # every branch's attempts (the history shown may be a part of them)
+            tried = {a["source_hash"] for a in self.store.history(ctx.run_id)}
+        else:
+            tried = {source_hash(a.source) for a in ctx.history}
         with self.lock:
             for move in self.moves(ctx):
                 digest = source_hash(move.source)
@@ -167,6 +173,8 @@ class OfflinePolicy:
         # The fastest attempt that has a PTX twin: where the best has none (a TMA matmul's tensor descriptors), its
         # PTX moves come after the best's one-step moves, not after every better attempt's whole neighbourhood.
         twin = next((a for a in ranked if self.has_ptx_twin(a)), None) if "ptx" in allowed else None
+        if twin is not None:  # compiled while the one-step moves before its PTX moves are evaluated
+            self.prefetch(twin.source)
         for anchor in ranked:
             facts = diagnose(anchor.result)[1]
             about = describe(anchor)
@@ -248,19 +256,27 @@ class OfflinePolicy:
         if ctx.strategy == "refine" or self.store is None:
             return []
         from agent.prompting import attempt_view
-        return [attempt_view(row) for row in self.store.attempts(ctx.run_id)]
+        return [attempt_view(row) for row in self.store.history(ctx.run_id)]
 
-    def ptx_compilations(self, source: str) -> list:
-        """The Triton source compiled to PTX for the target's main shape (cached; [] if it does not compile)."""
-        from agent.kernels import ptx_edits
+    def prefetch(self, source: str) -> Future:
+        """Start compiling the Triton source to PTX for the target's main shape, once per source."""
         key = source_hash(source)
         if key not in self.compiled:
-            try:
-                spec = self.target.name if self.target.builtin else str(self.target.path)
-                self.compiled[key] = ptx_edits.compile_for_target(source, spec)
-            except (RuntimeError, ValueError):
-                self.compiled[key] = []
+            self.compiled[key] = self._compiler.submit(self._compile, source)
         return self.compiled[key]
+
+    def ptx_compilations(self, source: str) -> list:
+        """The Triton source compiled to PTX for the target's main shape ([] if it does not compile); the same
+        moves in the same order whether or not the compile was started ahead."""
+        return self.prefetch(source).result()
+
+    def _compile(self, source: str) -> list:
+        from agent.kernels import ptx_edits
+        try:
+            spec = self.target.name if self.target.builtin else str(self.target.path)
+            return ptx_edits.compile_for_target(source, spec)
+        except (RuntimeError, ValueError):
+            return []
 
 
 def anchors(ctx: ProposeContext, rest: list[AttemptView] = ()) -> list[AttemptView]:
