@@ -440,12 +440,14 @@ class Evaluation:
         return jail.Limits.holding(state) if state > LARGE_STATE_BYTES else None
 
     def _plan(self) -> None:
+        began = time.perf_counter()
         try:
             broken = rules.check_source(self.source)
         except SyntaxError as e:
             return self._finish("compile_error", f"syntax error at line {e.lineno}: {e.msg}")
         if broken:
             return self._finish("rejected", *broken)
+        self._waited("rules", began)
         began = time.perf_counter()
         self.planner = self.session.pool.acquire("planner", limits=self._jail_limits())
         self._waited("planner:acquire", began)
@@ -470,6 +472,7 @@ class Evaluation:
                                    f"plan-{i}"), records=RECORDED_CALLS if i == 0 else 3)
             if not self._ok(reply, hidden=i or None):
                 return self._close_planner()
+            began = time.perf_counter()
             try:
                 copy_plan(self.planner.workdir / f"plan-{i}", self.plans_dir / str(i))
             except PlanError as e:
@@ -477,6 +480,7 @@ class Evaluation:
                 return self._finish("rejected", *self._hidden(i, "rejected", f"the launch plan: {e}"))
             if i == 0:
                 self._start_sass()
+            self._waited("plan:copy", began)
         began = time.perf_counter()
         self._close_planner()
         self._waited("planner:close", began)
@@ -484,7 +488,7 @@ class Evaluation:
     def _start_sass(self) -> None:
         """The SASS of the main plan's Triton kernels, disassembled (cuobjdump: trusted, CPU only) on a thread of its
         own while the hidden shapes build and the device phase goes on: it took a fifth of a candidate's overhead.
-        `release_device` collects it."""
+        `collect_sass` (or `close`) joins it."""
         from tools.assemble import sass_of
 
         if not self.session.cuda:
@@ -504,7 +508,8 @@ class Evaluation:
         self._sass = (threading.Thread(target=disassemble, name=f"sass-{self.index}", daemon=True), listings)
         self._sass[0].start()
 
-    def _collect_sass(self) -> None:
+    def collect_sass(self) -> None:
+        """The SASS listings into the result (the disassembly thread joined); the result is complete after it."""
         if self._sass is None:
             return
         began = time.perf_counter()
@@ -1066,11 +1071,11 @@ class Evaluation:
             if self._locked:
                 self._locked = False
                 self.device.lock.release()
-        self._collect_sass()  # the device is free meanwhile; the result is complete when this returns
 
     def close(self) -> EvalResult:
         self._close_planner()
         self.release_device()
+        self.collect_sass()
         if self.plans_dir is not None:  # a new best was copied out of it
             shutil.rmtree(self.plans_dir, ignore_errors=True)
             self.plans_dir = None

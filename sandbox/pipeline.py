@@ -298,12 +298,23 @@ class Pipeline:
             except BaseException as e:  # noqa: BLE001
                 job.error = job.error or e
             if "device_start" in job.times:  # not handed back to the queue
-                job.times["device_end"] = time.perf_counter()
                 durations = ev.result.durations_s
                 durations["queued"] = round(job.times["device_start"] - job.times["planned"], 3)
                 durations["device"] = device.name
-                self._finish(job)
+                # The SASS listing (a disassembly on the CPU) is joined on a thread of its own: the device takes
+                # the next candidate meanwhile. Until it is done (device_end) the job is neither done nor closed.
+                threading.Thread(target=self._complete, args=(job,), daemon=True,
+                                 name=f"kloop-complete-{job.seq}").start()
         return True
+
+    def _complete(self, job: Submitted) -> None:
+        try:
+            if hasattr(job.evaluation, "collect_sass"):
+                job.evaluation.collect_sass()
+        except BaseException as e:  # noqa: BLE001
+            job.error = job.error or e
+        job.times["device_end"] = time.perf_counter()
+        self._finish(job)
 
     def _finish(self, job: Submitted) -> None:
         if hasattr(job.evaluation, "account"):

@@ -227,7 +227,9 @@ class Child:
                 pass
 
     def close(self, keep_workdir: bool = False) -> None:
-        if self.proc.poll() is None and not self.stopped():  # a stopped child cannot exit by itself: it is killed
+        # A jailed child ran candidate code and has nothing to flush (its output goes unbuffered to files): it is
+        # killed at once, a tenth of a second less per candidate. A trusted one exits by itself, unless stopped.
+        if self.isolation is None and self.proc.poll() is None and not self.stopped():
             try:
                 self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
                 self.proc.stdin.flush()

@@ -169,6 +169,27 @@ def test_two_devices_share_one_queue_in_submission_order():
     assert len(started) == len(sources)
 
 
+def test_the_device_takes_the_next_candidate_while_the_last_ones_sass_is_collected():
+    # Joining a candidate's SASS disassembly (CPU work, a fifth of its overhead on an H100) held the device thread;
+    # the result is still complete (SASS in it) when the job is done.
+    class WithSass(SlowEvaluation):
+        def collect_sass(self):
+            self.note("sass_start")
+            time.sleep(0.3)
+            self.result.sass = {"k": "listing"}
+            self.note("sass_end")
+
+    log = []
+    pipeline = Pipeline(FakeSession(planners=2, devices=1))
+    jobs = [pipeline.submit(WithSass(f"kernel {n}", log, plan_s=0.05, device_s=0.05)) for n in (1, 2)]
+    for job in jobs:
+        job.profile()
+        assert job.done() and job.result.sass == {"k": "listing"}
+    pipeline.close()
+    sass, device = intervals(log, "sass_start", "sass_end"), intervals(log, "device_start", "device_end")
+    assert device["kernel 2"][0] < sass["kernel 1"][1]
+
+
 def test_a_failed_plan_finishes_without_waiting_for_a_device():
     log = []
     pipeline = Pipeline(FakeSession(planners=2, devices=1))
