@@ -2,7 +2,8 @@
 where it goes, and the bench's own figures, pipelined against one candidate at a time, side by side in one run.
 
     python bench/throughput.py --out "$OUT"                       # one GPU, about 8 minutes
-    python bench/throughput.py --gpus 0,1 --scaling --out "$OUT"  # 2 GPUs: GPU 0 alone, then both, same targets
+    python bench/throughput.py --gpus 0,1 --phases breakdown,pipelined,one-gpu --out "$OUT"
+                                                                  # 2 GPUs, then GPU 0 alone: about 9 minutes
 
 Phases (each skipped, and said so, when the --budget-s left cannot hold it):
 1. breakdown: vector_add's triton_block starter evaluated one at a time (bench/evaluator.py's measure): wall,
@@ -12,7 +13,10 @@ Phases (each skipped, and said so, when the --budget-s left cannot hold it):
    with eager on the same device (its time, speedup and timing CV).
 3. sequential: the same on --sequential-targets with one planner and one attempt in flight (the loop as it was
    before pipelining, with today's evaluator).
-4. --scaling: phase 2 again on the first GPU alone, for the ratio of candidates per minute.
+4. one-gpu (with --gpus): phase 2 again on the first GPU alone, for the ratio of candidates per minute.
+--phases picks among them (default: breakdown,pipelined,sequential, and one-gpu with --gpus). A target's rate is
+its attempts over the whole loop window (the first attempt waits for its target's one-time costs: the reference's
+first run and the torch.compile baseline's autotuning) and, beside it, the rate after the first attempt was logged.
 The last lines are a short table; the full report goes to OUT/throughput.json, the run database to
 OUT/throughput.db.gz.
 """
@@ -82,6 +86,8 @@ def one_target(store, name: str, seconds: float, evaluator: dict, session) -> di
             ev.assemble(), ev.verify(), ev.profile()
         final = ev.result
     seconds_of = bench.evaluation_seconds(attempts)
+    walls = [(a["durations"] or {}).get("wall") for a in attempts]
+    after_first = sum(w for w in walls[1:] if w) if len(attempts) > 1 and None not in walls else None
     waits = [(a["durations"] or {}).get("waited", {}) for a in attempts]
     verdicts = {}
     for a in attempts:
@@ -90,6 +96,7 @@ def one_target(store, name: str, seconds: float, evaluator: dict, session) -> di
     return {
         "target": name, "run_id": run.id, "attempts": len(attempts), "loop_s": wall,
         "per_minute": len(attempts) / wall * 60 if wall else None, "verdicts": verdicts, "gpus_used": gpus,
+        "per_minute_after_first": (len(attempts) - 1) / after_first * 60 if after_first else None,
         "overhead_beyond_compile_s": seconds_of["beyond_compile"], "device_s": seconds_of["device"],
         "compile_s": seconds_of["compile"],
         "planner_acquire_s": median_of([w.get("planner:acquire") for w in waits]),
@@ -134,7 +141,8 @@ def phase(store, targets: list[str], seconds: float, evaluator: dict, clock: Clo
                 say(f"[{label}] {name} failed:\n{out['errors'][name]}")
                 continue
             say(f"[{label}] {name}: {row['attempts']} attempts in {row['loop_s']:.0f} s = "
-                f"{row['per_minute']:.1f}/min; beyond compile {row['overhead_beyond_compile_s']}, "
+                f"{row['per_minute']:.1f}/min ({row['per_minute_after_first'] or 0:.1f} after the first); "
+                f"beyond compile {row['overhead_beyond_compile_s']}, "
                 f"GPU {row['device_s']} s; best {row['final_us']} us")
             out["targets"].append(row)
     return out
@@ -149,8 +157,8 @@ def table(report: dict) -> str:
                      f"(IQR {b['overhead_beyond_compile_s']['q1']:.2f}-{b['overhead_beyond_compile_s']['q3']:.2f}); "
                      + ", ".join(f"{k} {v['median']:.2f}" for k, v in b["stages_s"].items()
                                  if k in ("plan", "load", "verify", "profile")))
-    head = f"{'mode':<12} {'target':<11} {'att':>4} {'/min':>6} {'beyond':>7} {'GPU s':>6} {'compile':>7} " \
-           f"{'best us':>8} {'cv':>6} {'x eager':>7}"
+    head = f"{'mode':<12} {'target':<11} {'att':>4} {'/min':>6} {'after1':>6} {'beyond':>7} {'GPU s':>6} " \
+           f"{'compile':>7} {'best us':>8} {'cv':>6} {'x eager':>7}"
     lines.append(head)
     for key in ("pipelined", "sequential", "scaling_one_gpu"):
         ph = report.get(key)
@@ -159,6 +167,7 @@ def table(report: dict) -> str:
         for r in ph["targets"]:
             fmt = lambda v, f: "-" if v is None else f.format(v)  # noqa: E731
             lines.append(f"{key[:12]:<12} {r['target']:<11} {r['attempts']:>4} {fmt(r['per_minute'], '{:.1f}'):>6} "
+                         f"{fmt(r.get('per_minute_after_first'), '{:.1f}'):>6} "
                          f"{fmt(r['overhead_beyond_compile_s'], '{:.2f}'):>7} {fmt(r['device_s'], '{:.2f}'):>6} "
                          f"{fmt(r['compile_s'], '{:.2f}'):>7} {fmt(r['final_us'], '{:.1f}'):>8} "
                          f"{fmt(r['final_cv'], '{:.2%}'):>6} {fmt(r['final_speedup_eager'], '{:.2f}'):>7}")
@@ -222,8 +231,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8, help="evaluations in the breakdown")
     parser.add_argument("--gpus", default=None, help="all or indices (0,1): one device each (default: this GPU)")
     parser.add_argument("--planners", type=int, default=None)
-    parser.add_argument("--scaling", action="store_true", help="also run the pipelined phase on the first GPU alone")
+    parser.add_argument("--phases", default=None,
+                        help="comma-separated, of breakdown,pipelined,sequential,one-gpu (default: the first three, "
+                             "and one-gpu with --gpus)")
     args = parser.parse_args()
+    phases = set((args.phases or "breakdown,pipelined,sequential" + (",one-gpu" if args.gpus else "")).split(","))
+    unknown = phases - {"breakdown", "pipelined", "sequential", "one-gpu"}
+    if unknown or ("one-gpu" in phases and not args.gpus):
+        parser.error(f"--phases: unknown {', '.join(sorted(unknown))}" if unknown else "--phases one-gpu needs --gpus")
     clock = Clock(args.budget_s)
     args.out.mkdir(parents=True, exist_ok=True)
     # The run database holds every attempt's PTX and SASS (tens of MB): it is kept aside and copied gzipped.
@@ -256,17 +271,18 @@ def main() -> None:
         say(evaluator_bench.breakdown_table(found))
         return found
 
-    if clock.left() > 60:
+    if "breakdown" in phases and clock.left() > 60:
         attempt("breakdown", breakdown)
     evaluator = {"gpus": args.gpus, "planners": args.planners}
     evaluator = {k: v for k, v in evaluator.items() if v is not None}
-    attempt("pipelined", lambda: phase(store, targets, args.seconds_per_target, evaluator, clock, "pipelined"))
+    if "pipelined" in phases:
+        attempt("pipelined", lambda: phase(store, targets, args.seconds_per_target, evaluator, clock, "pipelined"))
     seq_targets = [t for t in args.sequential_targets.split(",") if t]
-    if seq_targets and clock.left() > args.sequential_seconds + 35:
+    if "sequential" in phases and seq_targets and clock.left() > args.sequential_seconds + 35:
         attempt("sequential", lambda: phase(store, seq_targets, args.sequential_seconds,
                                             {"pipeline": 1, "planners": 1}, clock, "sequential",
                                             lambda: Session(spares=2, planners=1)))
-    if args.scaling and args.gpus:
+    if "one-gpu" in phases:
         first = runs.gpu_list(args.gpus)[:1]
         one = {**evaluator, "gpus": None}
         planners = runs.planners_for(one, 1, load_target(targets[0]))
