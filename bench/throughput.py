@@ -105,6 +105,7 @@ def one_target(store, name: str, seconds: float, evaluator: dict, session) -> di
         "best_run_us": (best["time_us"] or {}).get("median") if best else None,
         "best_run_cv": (best["time_us"] or {}).get("cv") if best else None,
         "final_verdict": final.verdict if final else None,
+        "final_reasons": final.reasons[:3] if final else None,
         "final_us": final.median_us if final else None,
         "final_cv": final.time_us.cv if final and final.time_us else None,
         "final_speedup_eager": final.speedup_over("eager") if final else None,

@@ -46,14 +46,22 @@ class Referee:
         self.mapped_inputs: set[tuple] = set()   # those of them that are the executor's inputs (a set it may free)
         self._transient: dict[tuple, torch.UntypedStorage] = {}   # the others, mapped for the check in progress
         self.counts: dict[str, dict] = {}   # shape -> roofline counts (they depend on the shape only)
+        self.init_seeds: dict[str, int] = {}   # shape -> the seed its model's weights were made with
         self.cuda = DEVICE.type == "cuda"
         if self.cuda:
             self.flush = torch.empty(2 * torch.cuda.get_device_properties(DEVICE).L2_cache_size, dtype=torch.uint8,
                                      device=DEVICE)
 
     def shape(self, shape: str, target_source: str, overrides: dict, init_seed: int) -> dict:
+        if shape in self.models and self.init_seeds[shape] != init_seed:
+            # Another evaluation's secret seed: other weights. What was made from the old model goes with it.
+            del self.models[shape]
+            self.held.pop(shape, None), self.doubles.pop(shape, None)
+            for key in [k for k in self.compiled if k[0] == shape]:
+                del self.compiled[key]
         if shape not in self.models:
-            module = module_from_source(target_source, overrides, f"kloop_reference_{len(self.models)}")
+            self.init_seeds[shape] = init_seed
+            module = module_from_source(target_source, overrides, f"kloop_reference_{len(self.modules)}")
             torch.manual_seed(init_seed)
             init_inputs = module.get_init_inputs()
             torch.manual_seed(init_seed)
@@ -64,7 +72,7 @@ class Referee:
     def forget(self) -> dict:
         """Drop every shape (the next target's come next)."""
         self.modules.clear(), self.models.clear(), self.compiled.clear(), self.held.clear(), self.counts.clear()
-        self.doubles.clear()
+        self.doubles.clear(), self.init_seeds.clear()
         self.mapped.clear(), self.mapped_inputs.clear()
         if self.cuda:
             torch.cuda.empty_cache()

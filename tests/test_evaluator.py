@@ -93,6 +93,17 @@ def test_honest_kernels_of_every_kind_are_credited(session, target, name):
     assert r.resources and r.resources[0].launches >= 1
 
 
+def test_a_second_evaluation_with_another_seed_gets_a_reference_with_its_own_weights(session):
+    # Weights come from the evaluation's secret seed. The referee kept one reference model per shape, so a later
+    # evaluation of the same target with another seed (a bench's final re-time, a suite's second strategy, every
+    # `kloop serve` request) compared an honest kernel with the first one's weights: "incorrect" (layernorm and
+    # rmsnorm's final re-time on an H100).
+    target = load_target(str(TARGETS / "tiny_linear.py"))
+    for seed in (1, 2, 1):
+        r = judge(target, "honest_linear", session, seed=seed)
+        assert r.verdict == "correct", (seed, r.reasons)
+
+
 def test_a_weight_larger_than_the_jails_file_limit_travels_in_parts(tmp_path):
     """KernelBench's 55_Matmul_MaxPool_Sum_Scale holds a 4 GiB weight; the jail lets a file grow to 2 GiB. Here the
     same, scaled down: a 512 KiB weight, files limited to 256 KiB. The planner writes the snapshot in parts."""
