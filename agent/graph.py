@@ -139,6 +139,10 @@ class Loop:
             live.proposal, live.messages = proposal, live.messages + proposal.messages
             if proposal.tool_calls and live.tool_rounds < self.settings.max_tool_rounds:
                 return Command(goto=Send("tools", {"branch": branch, "key": key}))
+            if proposal.wait and window:   # the turn is proposed again, after the oldest in flight is logged
+                del self.live[key]
+                said_done, live = True, None
+                continue
             if proposal.done and not proposal.source:
                 del self.live[key]
                 with self.store.transaction():  # what the last exchange cost still counts
@@ -290,7 +294,8 @@ class Loop:
             history=[self.view(row) for row in rows], best=attempt_view(best) if best else None,
             budget_left=self.budget_left(self.store.progress(self.run_id)), tool_results=live.tool_results,
             strategy=self.settings.strategy, parent=attempt_view(parent.attempt) if shown_parent else None,
-            parent_reason=parent.reason if parent is not None else "", lessons=list(self.settings.lessons))
+            parent_reason=parent.reason if parent is not None else "", lessons=list(self.settings.lessons),
+            in_flight=len(self.windows.get(branch, [])))
 
     def view(self, row: dict) -> AttemptView:
         if row["id"] not in self.views:

@@ -49,6 +49,7 @@ class ProposeContext:
     parent: AttemptView | None = None
     parent_reason: str = ""
     lessons: list[dict] = field(default_factory=list)
+    in_flight: int = 0             # this branch's attempts proposed and not yet logged
 
 
 @dataclass
@@ -58,6 +59,9 @@ class Proposal:
     reasoning: str                 # why this candidate, in words
     messages: list[Message] = field(default_factory=list)
     done: bool = False             # the policy has nothing more to try
+    # Nothing yet, but soon (the offline policy compiling a PTX twin): asked again once an attempt in flight is
+    # logged. Only while ctx.in_flight > 0; a policy with nothing in flight waits itself.
+    wait: bool = False
     # Inspection tool calls ({id, name, input}) the graph's tool node must answer before the policy proposes;
     # when present, source may be empty.
     tool_calls: list[dict] = field(default_factory=list)

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from agent.policies import make_policy
@@ -157,12 +159,12 @@ def test_the_ptx_twin_compiles_while_the_one_step_moves_are_proposed(monkeypatch
     from agent.kernels import ptx_edits
     import threading
 
-    started, release = [], threading.Event()
+    started, release, compile_for_target = [], threading.Event(), ptx_edits.compile_for_target
 
     def slow_compile(source, spec):
         started.append(spec)
         release.wait(30)
-        return []
+        return compile_for_target(source, spec)
 
     monkeypatch.setattr(ptx_edits, "compile_for_target", slow_compile)
     policy = make_policy("offline", target=load_target("vector_add"))
@@ -171,9 +173,13 @@ def test_the_ptx_twin_compiles_while_the_one_step_moves_are_proposed(monkeypatch
     history = [first, attempt(2, policy.propose(context([first])), verdict="runtime_error")]
     move = policy.propose(context(history, best=first))
     assert move.language == "triton" and started == ["vector_add"]   # proposed without waiting for the compile
+    moves = [move]
+    while moves[-1].language == "triton":   # the one-step moves, proposed in a burst with attempts in flight
+        moves.append(policy.propose(dataclasses.replace(context(history, best=first), in_flight=len(moves))))
+    assert len(moves) == 7 and moves[-1].wait and not moves[-1].source and not moves[-1].done
     release.set()
-    history.append(attempt(3, move, verdict="runtime_error"))
-    assert policy.propose(context(history, best=first)).language == "triton"
+    ptx = policy.propose(context(history, best=first))   # nothing in flight: it waits for the compile itself
+    assert ptx.language == "ptx" and read_marker(ptx.source)["ptx_edit"] == "none" and not ptx.wait
     assert started == ["vector_add"]   # once per source
 
 

@@ -313,6 +313,31 @@ def test_pipelined_attempts_are_logged_in_proposal_order_with_their_lineage(stor
     assert sum(walls) < sum(spans) and store.progress(run_id)["seconds"] == pytest.approx(sum(walls))
 
 
+def test_a_policy_that_waits_lets_the_attempts_in_flight_be_logged(store):
+    # The offline policy waits (Proposal.wait) while the PTX twin of its anchor compiles: the loop logs what is in
+    # flight meanwhile and asks again after each log; the turn is proposed again, so numbers have no gaps.
+    class Waits(ScriptedPolicy):
+        def propose(self, ctx):
+            if ctx.turn == 3 and ctx.in_flight and len(self.contexts) < 6:
+                self.contexts.append((ctx, time.perf_counter()))
+                return Proposal("ptx", "", "compiling", wait=True)
+            return super().propose(ctx)
+
+    log = []
+    policy = Waits([f"kernel {n}" for n in (1, 2, 3, 4)])
+    pipeline = Pipeline(FakeSession(planners=2, devices=1))
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    status = run_loop(pipelined_loop(store, run_id, policy, log, pipeline, depth=3, max_attempts=4),
+                      Path(f"{store.path}.checkpoints"))
+    pipeline.close()
+    assert status == "finished"
+    assert [(a["number"], a["turn"], a["source"]) for a in store.attempts(run_id)] == [
+        (n, n, f"kernel {n}") for n in (1, 2, 3, 4)]
+    waited = [ctx for ctx, _ in policy.contexts if ctx.turn == 3]
+    assert len(waited) >= 2 and waited[0].in_flight == 2   # asked with two in flight, then again after a log
+    assert len(waited[1].history) > len(waited[0].history)
+
+
 def test_a_would_be_best_timed_beside_an_older_best_is_paired_again(store):
     log, made = [], {}
     policy = ScriptedPolicy(["kernel 2", "kernel 3", "kernel 1"])

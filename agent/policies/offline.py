@@ -13,8 +13,9 @@ step up or down its list, the step chosen from the reflect node's diagnosis, the
 attempt's PTX (cache hints) come between the two when the kernel is memory-bound below 80% of bandwidth, last
 otherwise (where the anchor has no PTX twin, the fastest attempt with one gets its PTX moves after the anchor's
 one-step moves); they compile the attempt's Triton source for the target's main shape in a subprocess (once per
-source, started on a thread when the attempt becomes the anchor with a PTX twin, so that only its PTX moves wait for
-it; specialized and generic PTX, see agent/kernels/ptx_edits.py). A source already tried (by hash) is never
+source, started on a thread when the attempt becomes the anchor with a PTX twin; while it compiles, a proposal that
+reaches its PTX moves waits for the next attempt in flight to be logged, Proposal.wait; specialized and generic PTX,
+see agent/kernels/ptx_edits.py). A source already tried (by hash) is never
 proposed again. Each candidate's first line records its starter and values, so the search can resume from any attempt
 in the database. When the Inductor starter and its first neighbours pass the main shape but all fail a hidden
 variant, the policy stops and says why: torch.compile fixed a size the variants change, which no tunable undoes.
@@ -42,6 +43,10 @@ FIXED_SIZE_ATTEMPTS = 3   # Inductor attempts failing only at hidden variants be
 ROW_TILE = re.compile(r"(^|_)R0_BLOCK$|^BLOCK_COLS$")   # a tile along the row a kernel reduces
 NO_STARTERS = ("the offline policy needs a target or a seed kernel; give --seed-kernel FILE or use an LLM policy "
                "(--policy anthropic|openai)")
+
+
+class CompileInFlight(Exception):
+    """The next move is a PTX move whose Triton source is still being compiled."""
 
 
 @dataclass
@@ -108,6 +113,7 @@ class OfflinePolicy:
         self.claimed: set[str] = set()   # proposed by this process but maybe not yet committed (parallel branches)
         self.remembered = [r for r in remembered or [] if r.get("template") in self.by_name]
         self.lock = threading.Lock()
+        self.can_wait = False   # this proposal may wait for a compile (the branch has attempts in flight)
 
     def propose(self, ctx: ProposeContext) -> Proposal:
         fixed = self.fixed_size(ctx.history)
@@ -118,12 +124,16 @@ class OfflinePolicy:
         else:
             tried = {source_hash(a.source) for a in ctx.history}
         with self.lock:
-            for move in self.moves(ctx):
-                digest = source_hash(move.source)
-                if digest not in tried and digest not in self.claimed:
-                    self.claimed.add(digest)
-                    return Proposal(move.language, move.source, move.reasoning,
-                                    [Message(role="response", provider="offline", content={"reasoning": move.reasoning})])
+            self.can_wait = ctx.in_flight > 0
+            try:
+                for move in self.moves(ctx):
+                    digest = source_hash(move.source)
+                    if digest not in tried and digest not in self.claimed:
+                        self.claimed.add(digest)
+                        return Proposal(move.language, move.source, move.reasoning, [Message(
+                            role="response", provider="offline", content={"reasoning": move.reasoning})])
+            except CompileInFlight:
+                return Proposal("ptx", "", "the PTX twin of the anchor is still compiling", wait=True)
         return Proposal(ctx.language if ctx.language != "auto" else "triton", "",
                         "Every starter and every neighbour of every attempt has been tried.", done=True)
 
@@ -266,9 +276,14 @@ class OfflinePolicy:
         return self.compiled[key]
 
     def ptx_compilations(self, source: str) -> list:
-        """The Triton source compiled to PTX for the target's main shape ([] if it does not compile); the same
-        moves in the same order whether or not the compile was started ahead."""
-        return self.prefetch(source).result()
+        """The Triton source compiled to PTX for the target's main shape ([] if it does not compile). While it
+        compiles and attempts are in flight, CompileInFlight: the proposal waits for the next attempt to be logged
+        instead of holding up the loop (a burst of proposals reaches the PTX moves at once). The moves and their
+        order are the same either way."""
+        future = self.prefetch(source)
+        if not future.done() and self.can_wait:
+            raise CompileInFlight()
+        return future.result()
 
     def _compile(self, source: str) -> list:
         from agent.kernels import ptx_edits
