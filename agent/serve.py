@@ -279,12 +279,17 @@ def _warm() -> None:
 evaluate_request.warm = _warm  # called once when a worker starts, so the first request finds warm processes
 
 _WORKER: dict = {"session": None, "targets": {}}
+# Warm planners a GPU worker keeps ready: a request takes one (about 2 s of work on an H100) and a new one takes ~8 s
+# to start beside it; with one spare, every other request waited for that start (2 s and 10 s in turn, measured).
+# A CPU worker's cores are few, and each request there also takes an interpreter executor from the same pool.
+GPU_WORKER_SPARES = 4
 
 
 def _worker_session():
     if _WORKER["session"] is None:
         from sandbox.evaluate import Session
-        _WORKER["session"] = Session(spares=1)
+        from tools.inputs import DEVICE
+        _WORKER["session"] = Session(spares=GPU_WORKER_SPARES if DEVICE.type == "cuda" else 1)
     return _WORKER["session"]
 
 
