@@ -4,21 +4,22 @@ Starters: the catalog's for a built-in target, else a --seed-kernel, else the Tr
 generates for the target's reference, made standalone (agent/kernels/inductor.py; generated once per run in a child
 process and pinned in the run's settings as `inductor_starter`, so a resumed run searches the same starter).
 
-Order of moves, all deterministic given the run: (0) tunables remembered from a similar target (tools/memory.py),
-first with their row tiles (Inductor's R0_BLOCK, the catalog's BLOCK_COLS) scaled from the row length they were tuned
-at to this target's, then as remembered; (1) every starter for the target (branch b starts at the b-th); (2) around
-the search strategy's parent (agent/strategies; under refine that is the best attempt so far), then the best, then
-the next best, then any earlier attempt (other strategies: then the run's other verified attempts): one tunable one
-step up or down its list, the step chosen from the reflect node's diagnosis, then two steps; PTX edits of a Triton
-attempt's PTX (cache hints) come between the two when the kernel is memory-bound below 80% of bandwidth, last
-otherwise (where the anchor has no PTX twin, the fastest attempt with one gets its PTX moves after the anchor's
-one-step moves); they compile the attempt's Triton source for the target's main shape in a subprocess (once per
-source, started on a thread when the attempt becomes the anchor with a PTX twin; while it compiles, a proposal that
-reaches its PTX moves waits for the next attempt in flight to be logged, Proposal.wait; specialized and generic PTX,
-see agent/kernels/ptx_edits.py). A source already tried (by hash) is never
-proposed again. Each candidate's first line records its starter and values, so the search can resume from any attempt
-in the database. When the Inductor starter and its first neighbours pass the main shape but all fail a hidden
-variant, the policy stops and says why: torch.compile fixed a size the variants change, which no tunable undoes.
+Order of moves, deterministic given the run (but for PTX moves passed over while their compile runs, below): (0)
+tunables remembered from a similar target (tools/memory.py), first with their row tiles (Inductor's R0_BLOCK, the
+catalog's BLOCK_COLS) scaled from the row length they were tuned at to this target's, then as remembered; (1) every
+starter for the target (branch b starts at the b-th); (2) around the search strategy's parent (agent/strategies;
+under refine that is the best attempt so far), then the best, then the next best, then any earlier attempt (other
+strategies: then the run's other verified attempts): one tunable one step up or down its list, the step chosen from
+the reflect node's diagnosis, then two steps; PTX edits of a Triton attempt's PTX (cache hints) come between the two
+when the kernel is memory-bound below 80% of bandwidth, last otherwise (where the anchor has no PTX twin, the fastest
+attempt with one gets its PTX moves after the anchor's one-step moves); they compile the attempt's Triton source for
+the target's main shape in a subprocess (once per source, started on a thread when the attempt becomes the anchor
+with a PTX twin; while it compiles and attempts are in flight, its PTX moves are passed over until it is done, and
+Proposal.wait asks the loop to come back when nothing else is left; specialized and generic PTX, see
+agent/kernels/ptx_edits.py). A source already tried (by hash) is never proposed again. Each candidate's first line
+records its starter and values, so the search can resume from any attempt in the database. When the Inductor starter
+and its first neighbours pass the main shape but all fail a hidden variant, the policy stops and says why:
+torch.compile fixed a size the variants change, which no tunable undoes.
 """
 from __future__ import annotations
 
@@ -43,10 +44,6 @@ FIXED_SIZE_ATTEMPTS = 3   # Inductor attempts failing only at hidden variants be
 ROW_TILE = re.compile(r"(^|_)R0_BLOCK$|^BLOCK_COLS$")   # a tile along the row a kernel reduces
 NO_STARTERS = ("the offline policy needs a target or a seed kernel; give --seed-kernel FILE or use an LLM policy "
                "(--policy anthropic|openai)")
-
-
-class CompileInFlight(Exception):
-    """The next move is a PTX move whose Triton source is still being compiled."""
 
 
 @dataclass
@@ -113,7 +110,7 @@ class OfflinePolicy:
         self.claimed: set[str] = set()   # proposed by this process but maybe not yet committed (parallel branches)
         self.remembered = [r for r in remembered or [] if r.get("template") in self.by_name]
         self.lock = threading.Lock()
-        self.can_wait = False   # this proposal may wait for a compile (the branch has attempts in flight)
+        self.compiling: list | None = None   # PTX twins passed over while compiling (None: wait for them)
 
     def propose(self, ctx: ProposeContext) -> Proposal:
         fixed = self.fixed_size(ctx.history)
@@ -124,18 +121,26 @@ class OfflinePolicy:
         else:
             tried = {source_hash(a.source) for a in ctx.history}
         with self.lock:
-            self.can_wait = ctx.in_flight > 0
-            try:
-                for move in self.moves(ctx):
-                    digest = source_hash(move.source)
-                    if digest not in tried and digest not in self.claimed:
-                        self.claimed.add(digest)
-                        return Proposal(move.language, move.source, move.reasoning, [Message(
-                            role="response", provider="offline", content={"reasoning": move.reasoning})])
-            except CompileInFlight:
-                return Proposal("ptx", "", "the PTX twin of the anchor is still compiling", wait=True)
+            # With attempts in flight, the PTX moves of a twin still compiling are passed over for now (they come
+            # back in their place once it is done) and, when nothing else is left, the loop is asked to come back
+            # after its next log (Proposal.wait). With none in flight, the compile is waited for.
+            self.compiling = [] if ctx.in_flight > 0 else None
+            move = self.first_untried(ctx, tried)
+            if move is None and self.compiling:
+                return Proposal("ptx", "", "the anchor's PTX twin is still compiling", wait=True)
+            if move is not None:
+                self.claimed.add(source_hash(move.source))
+                return Proposal(move.language, move.source, move.reasoning,
+                                [Message(role="response", provider="offline", content={"reasoning": move.reasoning})])
         return Proposal(ctx.language if ctx.language != "auto" else "triton", "",
                         "Every starter and every neighbour of every attempt has been tried.", done=True)
+
+    def first_untried(self, ctx: ProposeContext, tried: set[str]) -> Move | None:
+        for move in self.moves(ctx):
+            digest = source_hash(move.source)
+            if digest not in tried and digest not in self.claimed:
+                return move
+        return None
 
     @staticmethod
     def fixed_size(history: list[AttemptView]) -> str:
@@ -276,13 +281,12 @@ class OfflinePolicy:
         return self.compiled[key]
 
     def ptx_compilations(self, source: str) -> list:
-        """The Triton source compiled to PTX for the target's main shape ([] if it does not compile). While it
-        compiles and attempts are in flight, CompileInFlight: the proposal waits for the next attempt to be logged
-        instead of holding up the loop (a burst of proposals reaches the PTX moves at once). The moves and their
-        order are the same either way."""
+        """The Triton source compiled to PTX for the target's main shape ([] if it does not compile, or, while this
+        proposal passes over compiles in progress, not yet)."""
         future = self.prefetch(source)
-        if not future.done() and self.can_wait:
-            raise CompileInFlight()
+        if not future.done() and self.compiling is not None:
+            self.compiling.append(future)
+            return []
         return future.result()
 
     def _compile(self, source: str) -> list:
