@@ -13,6 +13,7 @@ runs inside the evaluator.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import sys
@@ -47,6 +48,7 @@ class Referee:
         self._transient: dict[tuple, torch.UntypedStorage] = {}   # the others, mapped for the check in progress
         self.counts: dict[str, dict] = {}   # shape -> roofline counts (they depend on the shape only)
         self.init_seeds: dict[str, int] = {}   # shape -> the seed its model's weights were made with
+        self.module_names = itertools.count()   # each reference module a name of its own (it goes in sys.modules)
         self.cuda = DEVICE.type == "cuda"
         if self.cuda:
             self.flush = torch.empty(2 * torch.cuda.get_device_properties(DEVICE).L2_cache_size, dtype=torch.uint8,
@@ -61,7 +63,7 @@ class Referee:
                 del self.compiled[key]
         if shape not in self.models:
             self.init_seeds[shape] = init_seed
-            module = module_from_source(target_source, overrides, f"kloop_reference_{len(self.modules)}")
+            module = module_from_source(target_source, overrides, f"kloop_reference_{next(self.module_names)}")
             torch.manual_seed(init_seed)
             init_inputs = module.get_init_inputs()
             torch.manual_seed(init_seed)
