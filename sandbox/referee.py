@@ -12,6 +12,7 @@ runs inside the evaluator.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -117,22 +118,22 @@ class Referee:
         return held[2]
 
     def _on_inputs(self, shape: str, fn):
-        """fn(*inputs) on the shape's held inputs, without grad; then `_restore_inputs`."""
+        """fn(*inputs) on the shape's held inputs, without grad (`_watched_inputs`)."""
+        with self._watched_inputs(shape) as inputs, torch.no_grad():
+            return fn(*inputs)
+
+    @contextlib.contextmanager
+    def _watched_inputs(self, shape: str):
+        """The shape's held inputs, for a block that runs the reference on them. A reference that changed them in
+        place (nn.ReLU(inplace=True); their version counters tell) gets ours made again from their seed after the
+        block: the candidate's inputs are checked against ours bit for bit."""
         inputs = self.held[shape][1]
         before = _versions(inputs)
-        with torch.no_grad():
-            out = fn(*inputs)
-        self._restore_inputs(shape, inputs, before)
-        return out
-
-    def _restore_inputs(self, shape: str, inputs: list, before: list[int]) -> None:
-        """A reference that changed its inputs in place (nn.ReLU(inplace=True); their version counters tell) gets
-        ours made again from their seed: the candidate's inputs are checked against ours bit for bit."""
+        yield inputs
         held = self.held.get(shape)
-        if held is None or held[1] is not inputs or _versions(inputs) == before:
-            return
-        seed, spread = held[0]
-        self.held[shape] = (held[0], make_inputs(self.modules[shape], seed, spread=spread), held[2])
+        if held is not None and held[1] is inputs and _versions(inputs) != before:
+            seed, spread = held[0]
+            self.held[shape] = (held[0], make_inputs(self.modules[shape], seed, spread=spread), held[2])
 
     def expect(self, shape: str, seed: int) -> dict:
         outputs = self._expected(shape, seed)
@@ -279,10 +280,8 @@ class Referee:
             if shape not in self.doubles:
                 self.doubles[shape] = copy.deepcopy(self.models[shape]).double()
             wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-            before = _versions(inputs)   # a float64 input is its own wide copy
-            with torch.no_grad():
+            with self._watched_inputs(shape), torch.no_grad():   # a float64 input is its own wide copy
                 outputs = _flat(self.doubles[shape](*wide))
-            self._restore_inputs(shape, inputs, before)
         except Exception:  # out of memory, or an op without float64: judged as it stands
             if self.cuda:
                 torch.cuda.empty_cache()
@@ -320,15 +319,12 @@ class Referee:
             expected.clear()
         del expected
         fn = self.models[shape] if name == "eager" else self._compiled(shape, mode)
-        inputs = self.held[shape][1]  # compiling ran the reference, which may have made them again
-        before = _versions(inputs)
-        with torch.no_grad():
+        # compiling ran the reference, which may have made the inputs again: the held ones are watched from here
+        with self._watched_inputs(shape) as inputs, torch.no_grad():
             if not self.cuda:
                 began = time.perf_counter()
                 out = fn(*inputs)
-                wall_ms = (time.perf_counter() - began) * 1e3
-                self._restore_inputs(shape, inputs, before)
-                return {"status": "ok", "wall_ms": wall_ms}
+                return {"status": "ok", "wall_ms": (time.perf_counter() - began) * 1e3}
             self.flush.zero_()
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -339,7 +335,6 @@ class Referee:
             end.record()
             torch.cuda.synchronize()
             wall_ms = (time.perf_counter() - began) * 1e3
-        self._restore_inputs(shape, inputs, before)
         held = self.held[shape]
         if name == "eager" and not held[2]:
             held[2].extend(_flat(out))  # eager's output is this round's reference: no second computation
@@ -364,10 +359,8 @@ class Referee:
         from tools.profile import count_bytes_and_flops
 
         outputs = self._expected(shape, seed)
-        inputs = self.held[shape][1]
-        before = _versions(inputs)
-        nbytes, flops = count_bytes_and_flops(self.models[shape], inputs, outputs)
-        self._restore_inputs(shape, inputs, before)
+        with self._watched_inputs(shape) as inputs:
+            nbytes, flops = count_bytes_and_flops(self.models[shape], inputs, outputs)
         dtype = next((x.dtype for x in inputs if isinstance(x, torch.Tensor)), torch.float32)
         return {"status": "ok", "bytes": nbytes, "flops": flops, "dtype": str(dtype).removeprefix("torch."),
                 "io_bytes": sum(x.untyped_storage().nbytes() for x in inputs if isinstance(x, torch.Tensor))
