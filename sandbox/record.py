@@ -128,6 +128,12 @@ class Recorder(TorchDispatchMode):
         self.autotuned = False
         self.quiet = False  # set while the recorder's own bookkeeping runs torch ops
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No: TorchDispatchMode would wrap __torch_dispatch__ in torch._disable_dynamo, whose first call imports
+        torch._dynamo (2 CPU-s of every planner's start), and no recording runs under Dynamo."""
+        return False
+
     @contextlib.contextmanager
     def bookkeeping(self):
         saved, self.quiet = self.quiet, True

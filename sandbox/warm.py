@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch._dynamo  # noqa: F401  (entering a TorchDispatchMode imports it: 4 s a planner would pay per candidate)
 import triton  # noqa: F401  (imported while warm, so a candidate's first import costs nothing)
 
 # Both roles' code too (nothing runs at import): `become` then costs a dict lookup, not an import on the clock.

@@ -1,6 +1,11 @@
 """The launch plan as hostile input: tensor descriptor arguments and Triton's global scratch, checked by load_plan
-against the buffers the plan declares and the kernel's own signature and metadata (no GPU, no process)."""
+against the buffers the plan declares and the kernel's own signature and metadata (no GPU); and what recording
+one costs a planner."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +13,7 @@ from sandbox.plan import VERSION, Descriptor, PlanError, Ref, load_plan, tensord
 
 ROWS, COLS = 64, 96                       # a bf16 input: 64 rows of 192 bytes
 INPUT_BYTES = ROWS * COLS * 2
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _plan(tmp_path, args, signature=None, metadata=None, grid=(4, 1, 1), allocs=(ROWS * COLS * 2,), scratch=None):
@@ -175,3 +181,31 @@ def test_a_state_part_linked_to_a_host_file_is_refused(tmp_path):
     (tmp_path / "state-0-0.bin").symlink_to(secret)
     with pytest.raises(PlanError, match="not a regular file"):
         load_plan(path)
+
+
+def test_recording_a_forward_never_imports_dynamo(tmp_path):
+    # torch._dynamo is 2 CPU-s of import: a warm planner that recorded a forward under it would pay them per candidate
+    script = """
+import sys
+import torch, triton, triton.language as tl
+import sandbox.warm  # what a warm planner imports
+from sandbox import record
+
+@triton.jit
+def double(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, 2 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+record.install()
+x = torch.randn(100)
+with record.recording(sys.argv[1], [x]) as recorder:
+    out = torch.empty_like(x).view(10, 10).view(100)
+    double[(1,)](x, out, 100, BLOCK=128)
+recorder.finish(out)
+print(len(recorder.kernels), recorder.forbidden, "torch._dynamo" in sys.modules)
+"""
+    (tmp_path / "record_one.py").write_text(script)  # Triton reads a kernel's source from its file
+    done = subprocess.run([sys.executable, str(tmp_path / "record_one.py"), str(tmp_path)], capture_output=True,
+                          text=True, cwd=REPO,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, timeout=120)
+    assert done.stdout.split("\n")[-2:] == ["1 [] False", ""], done.stdout + done.stderr[-3000:]
