@@ -162,6 +162,17 @@ def test_auth(server, tmp_path):
     assert ServeClient(s.url, token="sesame-1234").evaluate("vector_add", "x")["reward"] == 1.0
 
 
+def test_a_full_queue_asks_clients_back_when_half_of_it_is_answered(tmp_path):
+    service = serve.Service(serve.ServiceConfig(db=str(tmp_path / "serve.db"), workers=2, max_queue=50))
+    service._mean_eval_s = 4.0                # 2 workers: an answer every 2 s
+    assert service._retry_after(50) == 50     # 25 answers, not the whole queue's 100 s (the workers would idle)
+    assert service._retry_after(30) == 10     # a queue shrunk since (a smaller --queue at a restart)
+    assert service._retry_after(10) == 2      # at least one answer's time
+    service._mean_eval_s = 1000.0
+    assert service._retry_after(50) == 300    # capped
+    service.store.close()
+
+
 def test_backpressure_and_time_limit(server):
     s = server("--evaluator", STUB, "--workers", "1", "--queue", "1", "--time-limit", "30")
     status, a, _ = s.call("POST", "/v1/evaluate", {"target": "vector_add", "candidate": "sleep=3"})
