@@ -17,12 +17,13 @@ Phases (each skipped, and said so, when the --budget-s left cannot hold it):
 --phases picks among them (default: breakdown,pipelined,sequential, and one-gpu with --gpus). A target's rate is
 its attempts over the whole loop window (the first attempt waits for its target's one-time costs: the reference's
 first run and the torch.compile baseline's autotuning) and, beside it, the rate after the first attempt was logged.
-The last lines are a short table; the full report goes to OUT/throughput.json, the run database to
-OUT/throughput.db.gz.
+The last lines are a short table; the full report goes to OUT/throughput.json, every attempt's stages and waits to
+OUT/timeline.csv, the run database to OUT/throughput.db.gz.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import json
 import shutil
@@ -185,6 +186,31 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+TIMELINE = ("phase", "target", "number", "language", "verdict", "device", "logged_s", "attempt_s", "wall_s",
+            "waiting_s", "planner_acquire_s", "planner_build_s", "plan_s", "queued_s", "load_s", "verify_s",
+            "profile_s", "sass_s", "time_us")
+
+
+def write_timeline(store, report: dict, path: Path) -> None:
+    """Every attempt of the pipelined phases, a row each: when it was logged (seconds into its run: the sum of the
+    walls between logged attempts), its stages and the waits that show where a pipeline stalls."""
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(TIMELINE)
+        for key in ("pipelined", "scaling_one_gpu", "sequential"):
+            for t in (report.get(key) or {}).get("targets", []):
+                logged = 0.0
+                for a in store.attempts(t["run_id"]):
+                    d = a["durations"] or {}
+                    waited = d.get("waited") or {}
+                    logged += d.get("wall") or 0.0
+                    out.writerow([key, t["target"], a["number"], a["language"], a["verdict"], d.get("device"),
+                                  round(logged, 3), d.get("attempt"), d.get("wall"), d.get("waiting"),
+                                  waited.get("planner:acquire"), waited.get("planner:build"), d.get("plan"),
+                                  d.get("queued"), d.get("load"), d.get("verify"), d.get("profile"),
+                                  waited.get("sass"), (a["time_us"] or {}).get("median")])
+
+
 def goals(report: dict) -> list[dict]:
     found = []
     pipelined = (report.get("pipelined") or {}).get("targets", [])
@@ -292,6 +318,7 @@ def main() -> None:
     save()
     say("")
     say(table(report))
+    write_timeline(store, report, args.out / "timeline.csv")
     store.close()
     with open(db_path, "rb") as raw, gzip.open(args.out / "throughput.db.gz", "wb", compresslevel=6) as packed:
         shutil.copyfileobj(raw, packed)
