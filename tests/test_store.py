@@ -1,4 +1,5 @@
 import sqlite3
+import threading
 
 import pytest
 
@@ -252,3 +253,26 @@ def test_active_seconds_count_the_wall_time_each_attempt_added(tmp_path):
     db.add_attempt(run_id, source="a", durations={"attempt": 5.0})               # logged before overlap existed
     db.add_attempt(run_id, source="b", durations={"attempt": 9.0, "wall": 1.5})  # in flight beside others
     assert db.progress(run_id)["seconds"] == 6.5
+
+
+def test_two_connections_writing_one_database_wait_for_each_other(tmp_path):
+    # a suite's lanes (one connection each) or two runs on one file: a transaction that reads, then writes after the
+    # other connection wrote, failed at once as "locked" when it began deferred
+    a, b = open_db(tmp_path / "k.db"), open_db(tmp_path / "k.db")
+    run_id = a.create_run(target_name="t", policy="offline")
+    inside, b_done = threading.Event(), threading.Event()
+
+    def other_writer():
+        inside.wait()
+        b.update_run(run_id, notes="b")
+        b_done.set()
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    with a.transaction():
+        assert a.get_run(run_id)["notes"] is None
+        inside.set()
+        assert not b_done.wait(0.5)   # b waits for this transaction's write lock
+        a.update_run(run_id, notes="a")
+    thread.join(20)
+    assert b_done.is_set() and a.get_run(run_id)["notes"] == "b"   # then its write went through

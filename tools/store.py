@@ -440,28 +440,49 @@ class Store:
 
 
 class _Transaction:
-    """Lock + sqlite-utils atomic(): one writer thread at a time, all-or-nothing, errors as StoreError."""
+    """Lock + BEGIN IMMEDIATE + sqlite-utils atomic(): one writer thread at a time, all-or-nothing, errors as
+    StoreError.
+
+    IMMEDIATE: the outermost transaction takes the file's write lock before its first read. A deferred one that
+    read, then wrote after another connection had written (a suite's lanes, two runs on one database), failed at once
+    with SQLITE_BUSY_SNAPSHOT, which no busy timeout waits out."""
 
     def __init__(self, store: Store):
         self.store = store
+        self.outer = False
 
     def __enter__(self):
         if self.store.readonly:
             raise StoreError(f"{self.store.path} was opened read-only: it cannot be written through this handle")
         self.store._lock.acquire()
-        self.atomic = self.store.db.atomic()
         try:
+            conn = self.store.db.conn
+            self.outer = not conn.in_transaction
+            if self.outer:
+                conn.execute("BEGIN IMMEDIATE")
+            self.atomic = self.store.db.atomic()  # a savepoint inside it: nested transactions roll back alone
             self.atomic.__enter__()
-        except BaseException:
+        except BaseException as e:
+            if self.outer and self.store.db.conn.in_transaction:
+                self.store.db.conn.execute("ROLLBACK")
             self.store._lock.release()
+            if isinstance(e, sqlite3.OperationalError):
+                raise StoreError(_explain(self.store.path, e)) from None
             raise
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:   # rolled back: what history() read inside the transaction may be gone
             self.store._history.clear()
+        conn = self.store.db.conn
         try:
-            self.atomic.__exit__(exc_type, exc, tb)  # commits, or rolls back and lets exc propagate
+            try:
+                self.atomic.__exit__(exc_type, exc, tb)  # releases its savepoint, or rolls back to it and re-raises
+            finally:
+                if self.outer and conn.in_transaction:
+                    conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
         except sqlite3.OperationalError as e:
+            if self.outer and conn.in_transaction:
+                conn.execute("ROLLBACK")
             raise StoreError(_explain(self.store.path, e)) from None
         finally:
             self.store._lock.release()
