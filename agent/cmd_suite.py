@@ -37,7 +37,8 @@ def suite_command(
     base_url: Optional[str] = typer.Option(None, help="API base URL for the anthropic/openai policies."),
     jobs: Optional[int] = typer.Option(None, min=1, help="Offline policy: starters generated in parallel, for the next JOBS problems at a time (default: half the CPU cores, at most 8)."),
     report_only: bool = typer.Option(False, "--report-only", help="Write the report from the database; run nothing."),
-    gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU (default: this process's GPU)."),
+    gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU, and one problem per GPU at a time (default: this process's GPU)."),
+    lanes: Optional[int] = typer.Option(None, min=1, help="Problems run side by side, each with an evaluator of its own (default: one per GPU of --gpus; 1 spreads each problem over all of them; several without --gpus only on a CPU)."),
     ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU (pip install -e '.[ray]')."),
     planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
     pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight per problem (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
@@ -58,7 +59,7 @@ def suite_command(
         plan = suite.SuitePlan(found, policy=policy, strategies=[s.strip() for s in strategy.split(",") if s.strip()],
                                max_attempts=max_attempts, minutes=minutes_per_problem, language=language, model=model,
                                base_url=base_url, jobs=jobs or max(1, min(8, (os.cpu_count() or 2) // 2)),
-                               compile_mode=compile_mode,
+                               compile_mode=compile_mode, lanes=lanes,
                                evaluator={"gpus": gpus, "ray": ray, "planners": planners, "pipeline": pipeline})
         if not report_only:
             suite.check_plan(plan)

@@ -22,9 +22,10 @@ class ProgressView:
         self.status = None
 
     def __call__(self, event: dict) -> None:
-        print_line = lambda line: self.console.print(line, highlight=False)  # noqa: E731
+        lead = f"{escape(event['problem'])} " if event.get("problem") else ""  # a suite's lanes side by side
+        print_line = lambda line: self.console.print(lead + line, highlight=False)  # noqa: E731
         if event["kind"] == "stage" and self.status is not None:
-            self.status.update(f"branch {event['branch']}: {event['stage']}")
+            self.status.update(f"{lead}branch {event['branch']}: {event['stage']}")
         elif event["kind"] == "attempt":
             p, left = event["progress"], event["left"]
             color = "green" if event["verdict"] == "correct" else "red"

@@ -208,6 +208,15 @@ def gpu_list(spec: str | None) -> list[str] | None:
     """--gpus: "all" or indices ("0,1") of the GPUs this process sees, as CUDA_VISIBLE_DEVICES entries (one device
     each); None: this process's own device. RunError for a GPU that is not there, or GPUs of different kinds (a
     plan compiled for one must run on the others)."""
+    chosen = gpu_indices(spec)
+    if chosen is None:
+        return None
+    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return [visible[g] if g < len(visible) else str(g) for g in chosen]
+
+
+def gpu_indices(spec: str | None) -> list[int] | None:
+    """--gpus as indices of the GPUs this process sees (gpu_list's checks); None: this process's own device."""
     if spec is None:
         return None
     import torch
@@ -228,8 +237,7 @@ def gpu_list(spec: str | None) -> list[str] | None:
     if len(kinds) > 1:
         raise RunError(f"--gpus {spec}: the GPUs differ ({', '.join(sorted(k[0] for k in kinds))}); give GPUs of one "
                        "kind (a kernel compiled for one runs on the others)")
-    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return [visible[g] if g < len(visible) else str(g) for g in chosen]
+    return chosen
 
 
 def planners_for(settings: dict, devices: int, target=None) -> int:

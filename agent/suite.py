@@ -15,6 +15,10 @@ Bookkeeping lives in two tables of the run database, beside runs/attempts/messag
   parallel child processes, just before those problems run (never while a kernel is timed), so a suite stopped by
   its budget has results for its first problems, and a resumed suite reuses them.
 
+Lanes: with --gpus naming several GPUs, problems run side by side, one per GPU (each lane a thread with its own
+evaluator session and database connection, taking the next chunk of problems when it is done with its own);
+`lanes` sets their number (one GPU lane per GPU, or CPU lanes).
+
 A problem's run is recorded as `running` before its loop starts, so after `kill -9` the next call resumes that run
 (agent.run.resume: at most the attempt in flight is lost); Ctrl-C marks it `stopped` (resumed the same way) and
 re-raises. A problem that cannot run (its reference fails, no starter, a file that is no KernelBench module) is
@@ -30,6 +34,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -37,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent import run as runs
-from tools.store import Store, now
+from tools.store import Store, now, open_db
 
 PROBLEMS_TABLE = "suite_problems"
 STARTERS_TABLE = "suite_starters"
@@ -75,6 +80,7 @@ class SuitePlan:
     # torch.compile can be set beside published figures; max-autotune-no-cudagraphs is the stronger bar
     compile_mode: str = "default"
     evaluator: dict = field(default_factory=dict)  # gpus / ray / planners / pipeline (agent.run.evaluator_session)
+    lanes: int | None = None            # problems run side by side (None: one per GPU of evaluator["gpus"], else 1)
 
     def __post_init__(self) -> None:
         if self.max_attempts is not None and self.minutes is not None:
@@ -94,18 +100,21 @@ class SuitePlan:
             raise SuiteError(f"--strategy repeats a strategy: {','.join(self.strategies)}")
         if self.jobs < 1:
             raise SuiteError(f"--jobs must be at least 1, got {self.jobs}")
+        if self.lanes is not None and self.lanes < 1:
+            raise SuiteError(f"--lanes must be at least 1, got {self.lanes}")
 
-    def run_settings(self, problem: Problem, strategy: str) -> dict:
+    def run_settings(self, problem: Problem, strategy: str, evaluator: dict | None = None) -> dict:
         """The run settings of one problem under one strategy (agent.run.settings_for, as every entry point). A
         fixed budget: no early stop on patience (a run still stops once its best reaches target_sol of speed of
         light); the strategy seed comes from the problem, so strategies compared on a problem, and a re-made run,
-        draw alike."""
+        draw alike. evaluator: the lane's (default: the plan's)."""
         attempts = self.max_attempts if self.max_attempts is not None else sys.maxsize
         seed = int(hashlib.sha256(problem.key.encode()).hexdigest()[:8], 16)
         return runs.settings_for(
             str(problem.path), max_attempts=attempts, hours=self.minutes / 60 if self.minutes else None,
             patience=attempts, language=self.language, model=self.model, base_url=self.base_url,
-            **runs.strategy_settings(strategy, seed), **self.evaluator, compile_mode=self.compile_mode,
+            **runs.strategy_settings(strategy, seed), **(self.evaluator if evaluator is None else evaluator),
+            compile_mode=self.compile_mode,
             started_by="kloop suite", suite_problem=problem.key)
 
     def settings_key(self, strategy: str) -> str:
@@ -127,6 +136,30 @@ class SuitePlan:
         """(problem, strategy) in run order: each problem under every strategy before the next problem."""
         return [(p, s) for p in self.problems for s in self.strategies]
 
+    def lane_evaluators(self) -> list[dict]:
+        """The evaluator settings of each lane. Lanes run problems side by side, each with an evaluator of its own.
+        With --gpus naming several GPUs (and no Ray) there is one lane per GPU by default: a problem's few attempts
+        gain little from GPUs they share, while a suite gains a GPU's worth of problems from each. SuiteError for
+        lanes that would time kernels side by side on one GPU."""
+        spec = self.evaluator.get("gpus")
+        ray = self.evaluator.get("ray")
+        gpus = runs.gpu_indices(spec) if spec and not ray else None
+        lanes = self.lanes if self.lanes is not None else len(gpus or [None])
+        if lanes == 1:
+            return [dict(self.evaluator)]
+        if ray:
+            raise SuiteError(f"--lanes {lanes} with --ray: a Ray session already spreads each problem over the "
+                             "cluster; leave --lanes out")
+        if gpus is not None:
+            if lanes != len(gpus):
+                raise SuiteError(f"--lanes {lanes} with --gpus {spec}: give one lane per GPU ({len(gpus)}), or 1 "
+                                 "to spread each problem over them all")
+            return [{**self.evaluator, "gpus": str(g)} for g in gpus]
+        if runs.has_gpu():
+            raise SuiteError(f"--lanes {lanes} on one GPU would time kernels side by side: give --gpus with "
+                             f"{lanes} GPUs")
+        return [dict(self.evaluator) for _ in range(lanes)]
+
 
 def check_plan(plan: SuitePlan) -> None:
     """Refuse now what would fail every problem alike: an unknown policy or language, a misplaced setting, a model
@@ -136,6 +169,7 @@ def check_plan(plan: SuitePlan) -> None:
     settings = plan.run_settings(plan.problems[0], plan.strategies[0])
     runs.check_settings(plan.policy, settings)
     runs.check_evaluator(settings)
+    plan.lane_evaluators()
     if plan.policy != "offline":
         runs.make_policy(plan.policy, settings, None, None)
 
@@ -285,13 +319,14 @@ GENERATION_MEMORY_SHARE = 0.8   # of the GPU memory free when a batch of starter
 GENERATION_CONTEXT_BYTES = 1 << 30
 
 
-def generation_memory() -> int | None:
-    """GPU memory the starter generations may hold at once; None without a GPU."""
+def generation_memory(gpu: int | None = None) -> int | None:
+    """GPU memory the starter generations may hold at once (on GPU index `gpu`, default this process's); None
+    without a GPU."""
     if not runs.has_gpu():
         return None
     import torch
 
-    return int(torch.cuda.mem_get_info()[0] * GENERATION_MEMORY_SHARE)
+    return int(torch.cuda.mem_get_info(gpu)[0] * GENERATION_MEMORY_SHARE)
 
 
 def generation_bytes(problem: Problem) -> int:
@@ -307,13 +342,14 @@ def generation_bytes(problem: Problem) -> int:
 
 
 def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
-                     items: list[tuple[Problem, str]] | None = None) -> None:
+                     items: list[tuple[Problem, str]] | None = None, gpu: int | None = None) -> None:
     """Generate the Inductor starters that `items` (default: the whole plan) still need for offline runs,
     `plan.jobs` at a time (each in its own child process), and keep each, or its reason, in suite_starters as it
     arrives. On a GPU, generations side by side hold at most GENERATION_MEMORY_SHARE of its free memory (each its
     reference's full-size inputs and outputs, three times, and weights): a level-1 ReLU moves 12.8 GB, and five at
     once ran out of memory, to be generated again one at a time. Generations that ran out of memory beside others
-    anyway are tried again one at a time."""
+    anyway are tried again one at a time. gpu: the index of the GPU to generate on (a lane's; default this
+    process's)."""
     if plan.policy != "offline":
         return
     todo: dict[str, Problem] = {}
@@ -333,14 +369,16 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
 
     from sandbox.pipeline import MemoryGate
 
-    gate = MemoryGate(generation_memory())
+    gate = MemoryGate(generation_memory(gpu))
+    visible = None if gpu is None else runs.gpu_list(str(gpu))[0]
 
     def one(sha: str, problem: Problem) -> tuple[str, Problem, dict | None, str | None, float]:
         need = 0 if gate.budget is None else min(gate.budget, generation_bytes(problem))
         gate.take(need)
         began = time.monotonic()
         try:
-            return sha, problem, inductor.generate(str(problem.path)).to_dict(), None, time.monotonic() - began
+            return sha, problem, inductor.generate(str(problem.path), visible=visible).to_dict(), None, \
+                time.monotonic() - began
         except inductor.NoStarter as e:
             return sha, problem, None, str(e), time.monotonic() - began
         finally:
@@ -386,33 +424,116 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
 # -- the suite --------------------------------------------------------------------------------------------------
 def run_suite(store: Store, plan: SuitePlan, on_event: Callable[[dict], None] = lambda event: None,
               session=None) -> list[dict]:
-    """Every (problem, strategy) of the plan not yet finished with the same settings, one after another in one
-    evaluator session; returns the plan's rows (rows_of). Ctrl-C: the problem in flight is marked stopped and
-    KeyboardInterrupt re-raised."""
+    """Every (problem, strategy) of the plan not yet finished with the same settings, in plan order, by one lane or
+    several side by side (plan.lane_evaluators; `session`: one lane in that evaluator); returns the plan's rows
+    (rows_of). Ctrl-C: the problems in flight are marked stopped and KeyboardInterrupt re-raised."""
     ensure_tables(store)
-    items = plan.items()
-    own = session is None
-    if own:  # one evaluator for every problem: its planners, executors and referees stay warm
-        session = runs.evaluator_session(plan.run_settings(items[0][0], items[0][1]) if items else plan.evaluator)
-    try:
-        for index, (problem, strategy) in enumerate(items):
-            if index % plan.jobs == 0:  # the next `jobs` problems' starters, side by side: a suite stopped by its
-                # budget has run problems rather than only generated starters for all of them
-                prepare_starters(store, plan, on_event, items[index:index + plan.jobs])
-            on_event({"kind": "problem", "index": index, "total": len(items), "problem": problem.key,
-                      "strategy": strategy, **tally(store, rows_of(store, plan))})
-            row = _run_problem(store, plan, problem, strategy, on_event, session)
-            on_event({"kind": "problem_done", "index": index, "total": len(items), "problem": problem.key,
-                      "strategy": strategy, "status": row["status"], "reason": row.get("reason"),
-                      "best": _best_of(store, row.get("run_id")), **tally(store, rows_of(store, plan))})
-    finally:
-        if own:
-            session.close()
+    work = _Work(plan.items(), plan.jobs)
+    lanes = [dict(plan.evaluator)] if session is not None else plan.lane_evaluators()
+    if len(lanes) == 1:
+        _lane(store, plan, on_event, work, lanes[0], session, _lane_gpu(lanes[0]))
+    else:
+        _run_lanes(store, plan, on_event, work, lanes)
     return rows_of(store, plan)
 
 
+def _lane_gpu(evaluator: dict) -> int | None:
+    """The GPU a lane with one GPU generates its starters on (None: this process's)."""
+    spec = evaluator.get("gpus")
+    gpus = runs.gpu_indices(spec) if spec and not evaluator.get("ray") else None
+    return gpus[0] if gpus and len(gpus) == 1 else None
+
+
+class _Work:
+    """The plan's items in chunks of `jobs` (their starters are generated together), handed out in plan order."""
+
+    def __init__(self, items: list[tuple[Problem, str]], jobs: int) -> None:
+        self.total = len(items)
+        self._chunks = iter([(i, items[i:i + jobs]) for i in range(0, len(items), jobs)])
+        self._lock = threading.Lock()
+
+    def next_chunk(self) -> tuple[int, list[tuple[Problem, str]]] | None:
+        with self._lock:
+            return next(self._chunks, None)
+
+
+def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work: _Work, evaluator: dict,
+          session=None, gpu: int | None = None, tag: bool = False) -> None:
+    """Chunks until none is left: a chunk's starters side by side (on `gpu`), then its problems one after another,
+    all in one evaluator session (its planners, executors and referees stay warm across problems). tag: the loop's
+    events carry their problem (lanes side by side interleave them)."""
+    own = session is None
+    if own:
+        first = plan.items()[0]
+        session = runs.evaluator_session(plan.run_settings(*first, evaluator))
+    try:
+        while (chunk := work.next_chunk()) is not None:
+            begin, items = chunk
+            # starters just before their problems run: a suite stopped by its budget has run problems rather than
+            # only generated starters for all of them
+            prepare_starters(store, plan, on_event, items, gpu)
+            for index, (problem, strategy) in enumerate(items, begin):
+                on_event({"kind": "problem", "index": index, "total": work.total, "problem": problem.key,
+                          "strategy": strategy, **tally(store, rows_of(store, plan))})
+                events = (lambda event, key=problem.key: on_event({**event, "problem": key})) if tag else on_event
+                row = _run_problem(store, plan, problem, strategy, events, session, evaluator)
+                on_event({"kind": "problem_done", "index": index, "total": work.total, "problem": problem.key,
+                          "strategy": strategy, "status": row["status"], "reason": row.get("reason"),
+                          "best": _best_of(store, row.get("run_id")), **tally(store, rows_of(store, plan))})
+    finally:
+        if own:
+            session.close()
+
+
+def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work: _Work,
+               lanes: list[dict]) -> None:
+    """Lanes side by side, each a thread with its own database connection and evaluator session (on GPU lanes, its
+    own GPU for timing and starters). Ctrl-C, or a lane's error: every lane's next event raises KeyboardInterrupt
+    in it, which marks its problem in flight stopped as one lane would; then the interrupt (or the error) is
+    raised here."""
+    from agent.kernels import inductor
+
+    stopping, lock, errors = threading.Event(), threading.Lock(), []
+
+    def events(event: dict) -> None:
+        if stopping.is_set():
+            raise KeyboardInterrupt
+        with lock:  # one renderer, events whole
+            on_event(event)
+
+    def lane(evaluator: dict) -> None:
+        own = open_db(store.path)
+        try:
+            _lane(own, plan, events, work, evaluator, gpu=_lane_gpu(evaluator), tag=True)
+        except KeyboardInterrupt:
+            pass
+        except BaseException as e:
+            errors.append(e)
+            stopping.set()
+            inductor.stop_generating()
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=lane, args=(evaluator,), name=f"kloop-suite-lane-{i}", daemon=True)
+               for i, evaluator in enumerate(lanes)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.5)
+    except KeyboardInterrupt:
+        stopping.set()
+        inductor.stop_generating()  # lanes generating starters reach their next event now
+        for thread in threads:
+            thread.join()
+        raise
+    if errors:
+        raise errors[0]
+
+
 def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
-                 on_event: Callable[[dict], None], session) -> dict:
+                 on_event: Callable[[dict], None], session, evaluator: dict | None = None) -> dict:
     """One problem under one strategy: skipped if finished before, resumed if its run was cut off, else started."""
     if not problem.path.is_file():
         return {"status": "skipped", "reason": f"{problem.path} is gone"}
@@ -425,7 +546,7 @@ def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
     try:
         r = _resume(store, row) if row is not None and row.get("run_id") else None
         if r is None:
-            r = _start(store, plan, problem, strategy, sha)
+            r = _start(store, plan, problem, strategy, sha, evaluator)
     except runs.RunFinished:
         record(store, plan, problem, strategy, sha, status="done", finished_at=now())
         return problem_row(store, key, problem, sha)
@@ -463,8 +584,8 @@ def _resume(store: Store, row: dict):
         return None
 
 
-def _start(store: Store, plan: SuitePlan, problem: Problem, strategy: str, sha: str):
-    settings = plan.run_settings(problem, strategy)
+def _start(store: Store, plan: SuitePlan, problem: Problem, strategy: str, sha: str, evaluator: dict | None = None):
+    settings = plan.run_settings(problem, strategy, evaluator)
     runs.check_settings(plan.policy, settings)
     target = runs.load_target(str(problem.path))
     if plan.policy == "offline":

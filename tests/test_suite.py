@@ -109,7 +109,7 @@ def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypat
     running, most = set(), []
     lock = threading.Lock()
 
-    def fake_generate(spec):
+    def fake_generate(spec, visible=None):
         with lock:
             running.add(spec)
             most.append(len(running))
@@ -119,7 +119,7 @@ def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypat
         raise inductor.NoStarter("fake")
 
     monkeypatch.setattr(inductor, "generate", fake_generate)
-    monkeypatch.setattr(suite, "generation_memory", lambda: None if budget_gib is None else budget_gib << 30)
+    monkeypatch.setattr(suite, "generation_memory", lambda gpu: None if budget_gib is None else budget_gib << 30)
     monkeypatch.setattr(suite, "generation_bytes", lambda problem: 2 << 30)
     for i in range(4):   # four sources (a starter is kept per source)
         (tmp_path / "set" / f"{i + 1}_Op.py").parent.mkdir(exist_ok=True)
@@ -344,3 +344,85 @@ def test_a_suite_on_cpu_survives_kill_9_and_ctrl_c_and_skips_a_broken_problem(tm
 
     again = cli("suite", tmp_path / "problems", "--policy", "offline", "--max-attempts", 1, "--db", db, "--out", out)
     assert again.exit_code == 0 and "[4/4]" in again.output and "#1" not in again.output  # all finished: skipped
+
+
+def _wait_two_running(db, process, timeout=300):
+    """Until two problems' rows say running at once (two lanes side by side)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, process.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, f"never two problems running at once: {_rows(db)}"
+        running = [r for r in _rows(db) if r["status"] == "running"] if db.exists() else []
+        if len(running) == 2:
+            return running
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_lanes_run_problems_side_by_side_and_stop_and_resume_together(tmp_path):
+    shutil.copytree(PROBLEMS, tmp_path / "problems")
+    db, out = tmp_path / "suite.db", tmp_path / "report"
+    first = _suite(db, out, "--lanes", "2", "--jobs", "1")
+    running = _wait_two_running(db, first)
+    code, output = _stop(first, signal.SIGINT)
+    assert code == 130, output[-3000:]
+    stopped = {r["problem"]: r for r in _rows(db) if r["problem"] in {r["problem"] for r in running}}
+    assert all(r["status"] in ("stopped", "done") for r in stopped.values()), stopped
+    assert "stopped" in {r["status"] for r in stopped.values()}
+
+    second = _suite(db, out, "--lanes", "2", "--jobs", "1")
+    output, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, output.decode()[-3000:]
+    after = {r["problem"]: r for r in _rows(db)}
+    assert [after[p]["status"] for p in sorted(after)] == ["done", "done", "done", "skipped"]
+    for problem, row in stopped.items():  # resumed, not started again
+        assert after[problem]["run_id"] == row["run_id"]
+    store = open_db(db, create=False, readonly=True)
+    for run in store.list_runs():  # one attempt each across the Ctrl-C, numbered once
+        (attempt,) = store.attempts(run["id"])
+        assert attempt["number"] == 1 and attempt["verdict"] == "correct", attempt["reasons"]
+    # attempt lines of lanes side by side carry their problem
+    lines = [line for line in output.decode().splitlines() if "#1 (branch 0)" in line]
+    assert lines and all(line.startswith("level1/") for line in lines), lines
+
+
+def test_lanes_never_time_side_by_side_on_one_gpu(monkeypatch):
+    from agent import run as runs
+
+    problems = [Problem("a", PROBLEMS / "level1" / "1_Scaled_ReLU.py", 1)]
+    assert SuitePlan(problems, lanes=2).lane_evaluators() == [{}, {}]        # CPU lanes: no timing to disturb
+    monkeypatch.setattr(runs, "has_gpu", lambda: True)
+    with pytest.raises(SuiteError, match="--lanes 2 on one GPU would time kernels side by side"):
+        SuitePlan(problems, lanes=2).lane_evaluators()
+    monkeypatch.setattr(runs, "gpu_indices", lambda spec: [0, 1, 2])
+    assert SuitePlan(problems, evaluator={"gpus": "all"}).lane_evaluators() == \
+        [{"gpus": "0"}, {"gpus": "1"}, {"gpus": "2"}]                        # one lane per GPU by default
+    assert SuitePlan(problems, evaluator={"gpus": "all"}, lanes=1).lane_evaluators() == [{"gpus": "all"}]
+    with pytest.raises(SuiteError, match="give one lane per GPU \\(3\\), or 1"):
+        SuitePlan(problems, evaluator={"gpus": "all"}, lanes=2).lane_evaluators()
+    with pytest.raises(SuiteError, match="--lanes 2 with --ray"):
+        SuitePlan(problems, evaluator={"ray": "auto"}, lanes=2).lane_evaluators()
+    with pytest.raises(SuiteError, match="--lanes must be at least 1"):
+        SuitePlan(problems, lanes=0)
+
+
+@pytest.mark.gpu
+def test_lanes_on_two_gpus_run_each_problem_on_a_gpu_of_its_own(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    shutil.copytree(PROBLEMS, tmp_path / "problems")
+    db = tmp_path / "suite.db"
+    done = subprocess.run([sys.executable, "-m", "agent.cli", "suite", str(tmp_path / "problems"), "--policy",
+                           "offline", "--max-attempts", "2", "--jobs", "1", "--gpus", "0,1", "--problems", "1_*,2_*",
+                           "--db", str(db), "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    store = open_db(db, create=False, readonly=True)
+    gpus = []
+    for run in store.list_runs():
+        used = {(a["gpu"] or {}).get("index") for a in store.attempts(run["id"])}
+        assert len(used) == 1, used   # one lane, one GPU: its timings compared on that GPU alone
+        gpus += used
+    assert sorted(gpus) == [0, 1]

@@ -113,10 +113,12 @@ def stop_generating() -> None:
         child.kill()
 
 
-def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIMEOUT_S) -> Generated:
+def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIMEOUT_S,
+             visible: str | None = None) -> Generated:
     """The standalone Inductor starter for a target (a built-in name or a KernelBench-style file), generated in a
-    child process. small: generate at the target's CPU size (default: when there is no CUDA GPU). NoStarter, with a
-    one-line reason, when there is none."""
+    child process. small: generate at the target's CPU size (default: when there is no CUDA GPU); visible: the
+    CUDA_VISIBLE_DEVICES entry of the GPU to generate on (None: this process's). NoStarter, with a one-line reason,
+    when there is none."""
     if small is None:
         from tools.inputs import DEVICE
         small = DEVICE.type != "cuda"
@@ -125,6 +127,8 @@ def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIM
     # Inductor compiles template candidates with a pool of one worker per core; a suite runs several generations
     # side by side, each with a small pool
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "2")
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
     command = [sys.executable, "-m", "agent.kernels.inductor", str(target_spec)] + (["--small"] if small else [])
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           cwd=str(ROOT)) as child:
