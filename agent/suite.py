@@ -495,6 +495,10 @@ def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], 
 
     stopping, lock, errors = threading.Event(), threading.Lock(), []
 
+    def stop() -> None:
+        stopping.set()
+        inductor.stop_generating()  # lanes generating starters reach their next event now
+
     def events(event: dict) -> None:
         if stopping.is_set():
             raise KeyboardInterrupt
@@ -509,8 +513,7 @@ def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], 
             pass
         except BaseException as e:
             errors.append(e)
-            stopping.set()
-            inductor.stop_generating()
+            stop()
         finally:
             own.close()
 
@@ -523,8 +526,7 @@ def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], 
             while thread.is_alive():
                 thread.join(0.5)
     except KeyboardInterrupt:
-        stopping.set()
-        inductor.stop_generating()  # lanes generating starters reach their next event now
+        stop()
         for thread in threads:
             thread.join()
         raise
