@@ -12,9 +12,11 @@ construction stay constants (Dynamo specializes them). The candidate holds:
   functions (`_th_f`, themselves `@triton.jit`) and `tl_math` is `tl.math`; libdevice comes from
   `triton.language.extra` (no import of Inductor's runtime);
 - per kernel, UPPERCASE tunables (`K0_XBLOCK`, `K0_R0_BLOCK`, `K0_NUM_WARPS`, `K0_NUM_STAGES`) for the offline
-  policy's search, their defaults the first configuration Inductor's own heuristics give that kernel, and a
-  launcher that computes the grid as Inductor's grid types do (Grid1D, Grid2D, Grid3D, Grid2DWithYZOverflow; a
-  template's FixedGrid comes from the wrapper, so a GEMM template tunes warps and stages, not its tiles);
+  policy's search, their defaults the first configuration Inductor's own heuristics give that kernel (on a GPU,
+  the fastest of those configurations, timed at generation as torch.compile's autotuner does:
+  agent/kernels/starter_tune.py), and a launcher that computes the grid as Inductor's grid types do (Grid1D,
+  Grid2D, Grid3D, Grid2DWithYZOverflow; a template's FixedGrid comes from the wrapper, so a GEMM template tunes
+  warps and stages, not its tiles);
 - where the reference convolves, kloop's convolution kernel and launcher (`_conv`), tuned by `CONV_*` constants;
 - Inductor's wrapper (`call(args)`) translated: allocations become `torch.empty_strided` on the inputs' device,
   `reinterpret_tensor` an `as_strided` view, each `kernel.run(...)` a launcher call; device guards and stream
@@ -46,7 +48,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from unittest import mock
 
@@ -94,13 +96,28 @@ class Generated:
     defaults: dict
     notes: str
     kernels: list[str] = field(default_factory=list)
+    # per group of tunables (each kernel, then the convolution), the settings worth timing on a GPU, the defaults
+    # first: Inductor's configurations in its order (agent/kernels/starter_tune.py)
+    choices: list[list[dict]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Generated":
-        return cls(d["source"], d["tunables"], d["defaults"], d["notes"], list(d.get("kernels") or []))
+        return cls(d["source"], d["tunables"], d["defaults"], d["notes"], list(d.get("kernels") or []),
+                   list(d.get("choices") or []))
+
+    def with_defaults(self, values: dict, note: str) -> "Generated":
+        """This starter with other default values (its `NAME = value` lines; a value missing from its tunable's
+        list joins it), the note appended."""
+        source, tunables = self.source, dict(self.tunables)
+        for name, value in values.items():
+            if self.defaults.get(name) != value:
+                source = re.sub(rf"^{re.escape(name)} = .*$", f"{name} = {value!r}", source, count=1, flags=re.M)
+                tunables[name] = _with_default(list(tunables.get(name, [])), value)
+        notes = self.notes + (f"; defaults timed at generation: {note}" if note else "")
+        return Generated(source, tunables, {**self.defaults, **values}, notes, list(self.kernels), self.choices)
 
 
 # -- the parent side ----------------------------------------------------------------------------------------------
@@ -470,6 +487,24 @@ def kernel_tunables(i: int, k: Kernel, interpreter: bool = False) -> tuple[dict[
     return tunables, defaults
 
 
+def kernel_choices(i: int, k: Kernel, defaults: dict) -> list[dict]:
+    """Inductor's configurations of kernel i as settings of its tunables (`defaults`: that kernel's), the defaults
+    first; a configuration that sets what the starter does not tune is left out."""
+    settings = [dict(defaults)]
+    for config in k.configs:
+        setting = {f"K{i}_{name}": value for name, value in config["kwargs"].items()}
+        setting[f"K{i}_NUM_WARPS"] = config["num_warps"]
+        if f"K{i}_NUM_STAGES" in defaults:
+            setting[f"K{i}_NUM_STAGES"] = config["num_stages"]
+        if set(setting) <= set(defaults) and all(isinstance(v, int) and v > 0 for v in setting.values()):
+            settings.append({**defaults, **setting})
+    return _distinct(settings)
+
+
+def _distinct(settings: list[dict]) -> list[dict]:
+    return [s for n, s in enumerate(settings) if s not in settings[:n]]
+
+
 def launcher(i: int, k: Kernel) -> str:
     """`_launch_<i>(*runtime args)`: the grid from the numels and blocks (Inductor's grid type), then one launch."""
     p = f"K{i}_"
@@ -706,7 +741,7 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     helpers = helper_sources(used)
     if interpreter and "welford" in helpers:
         helpers["welford"] = INTERPRETER_WELFORD
-    tunables, defaults = {}, {}
+    tunables, defaults, choices = {}, {}, []
     if convolves:
         conv_defaults = inductor_conv.INTERPRETER_DEFAULTS if interpreter else inductor_conv.DEFAULTS
         tunables.update({name: _with_default(values, conv_defaults[name])
@@ -716,6 +751,11 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
         t, d = kernel_tunables(i, k, interpreter)
         tunables.update(t)
         defaults.update(d)
+        choices.append(kernel_choices(i, k, d))
+    if convolves:
+        choices.append(_distinct([dict(conv_defaults)] + inductor_conv.CONFIGS))
+    if interpreter:  # nothing is timed under the interpreter
+        choices = []
     arguments = argument_expressions(sources)
     first_tensor = next((i for i, s in enumerate(sources) if _SOURCE.match(s).group(2) is None
                          and not s.endswith(")")), None)
@@ -750,7 +790,7 @@ class ModelNew(Model):
     if convolves:
         notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time), "
                   "tuned by the CONV_* constants")
-    return Generated(source, tunables, defaults, notes, [k.name for k in kernels])
+    return Generated(source, tunables, defaults, notes, [k.name for k in kernels], choices)
 
 
 def generate_here(target_spec: str, small: bool) -> Generated:
@@ -797,7 +837,29 @@ def generate_here(target_spec: str, small: bool) -> Generated:
         raise NoStarter(f"the generated candidate does not parse: {e}") from None
     if reasons:
         raise NoStarter(f"the generated candidate breaks a rule: {reasons[0]}")
-    return generated
+    return _timed(generated, module, model, inputs, out) if DEVICE.type == "cuda" else generated
+
+
+def _timed(generated: Generated, module, model, inputs: list, expected) -> Generated:
+    """generated with the defaults timed fastest on this GPU (agent/kernels/starter_tune.py); as it was, the reason
+    in its notes, where timing fails."""
+    import torch
+
+    from agent.kernels import starter_tune
+    from tools.inputs import DEVICE
+
+    def make_model(cls):
+        torch.manual_seed(0)
+        with torch.device(DEVICE):
+            new = cls(*module.get_init_inputs()).to(DEVICE)
+        new.load_state_dict(model.state_dict())
+        return new
+
+    try:
+        return starter_tune.tune(generated, make_model, inputs, expected)
+    except Exception as e:
+        message = " ".join(str(e).split())[:200]
+        return replace(generated, notes=f"{generated.notes}; defaults not timed ({type(e).__name__}: {message})")
 
 
 def main(argv: list[str]) -> int:

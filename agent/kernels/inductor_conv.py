@@ -39,6 +39,14 @@ TUNABLES = {"CONV_BLOCK_M": [16, 32, 64, 128], "CONV_BLOCK_N": [16, 32, 64, 128]
             "CONV_NUM_WARPS": [2, 4, 8], "CONV_NUM_STAGES": [1, 2, 3, 4]}
 DEFAULTS = {"CONV_BLOCK_M": CONV_BLOCK_M, "CONV_BLOCK_N": CONV_BLOCK_N, "CONV_BLOCK_K": CONV_BLOCK_K,
             "CONV_NUM_WARPS": CONV_NUM_WARPS, "CONV_NUM_STAGES": CONV_NUM_STAGES}
+# Settings timed beside the defaults when a starter is generated on a GPU (agent/kernels/starter_tune.py): the tiles
+# of Inductor's own convolution template configurations that fit TUNABLES, wide and narrow in the output channels
+# (a depthwise group has one), deep and shallow in the reduction.
+CONFIGS = [
+    {"CONV_BLOCK_M": m, "CONV_BLOCK_N": n, "CONV_BLOCK_K": k, "CONV_NUM_WARPS": w, "CONV_NUM_STAGES": s}
+    for m, n, k, w, s in [(128, 128, 32, 8, 2), (64, 64, 32, 4, 2), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
+                          (128, 32, 16, 4, 2), (32, 64, 16, 2, 2), (128, 16, 16, 4, 2), (64, 32, 32, 4, 3)]
+]
 # Under the CPU interpreter every program is Python over numpy tiles: few, large programs (6x faster on a 16 x 2 x
 # 32 x 32 input, 64 output channels).
 INTERPRETER_DEFAULTS = {**DEFAULTS, "CONV_BLOCK_M": 1024}

@@ -437,7 +437,7 @@ def inductor_template(target, starter: dict | None = None) -> tuple[Template, di
         generated = inductor.Generated.from_dict(starter)
     template = Template(f"inductor/{target.name}", "triton", generated.tunables, generated.defaults, generated.notes,
                         seed_source=generated.source, ptx_twin=False)
-    return template, generated.to_dict()
+    return template, generated.to_dict() if starter is None else starter
 
 
 # -- seed kernels ------------------------------------------------------------------------------------------------
