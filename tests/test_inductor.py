@@ -137,6 +137,19 @@ class _Recorder:
         return lambda *args, **kwargs: self.launches.append((grid, kwargs))
 
 
+def test_a_kernels_configurations_are_inductors_own_and_the_first_is_its_default():
+    """Inductor's heuristics give the kernel its configurations (torch.compile autotunes over them); the starter
+    starts from the first and, on a GPU, times them all (tests/test_starter_tune.py)."""
+    kernel = parse_kernel("triton_poi_fused_add_mul_0", KERNEL)
+    assert kernel.size_hints == {"x": 1048576} and len(kernel.configs) > 1
+    tunables, defaults = inductor.kernel_tunables(0, kernel)
+    first = kernel.configs[0]
+    assert defaults == {"K0_XBLOCK": first["kwargs"]["XBLOCK"], "K0_NUM_WARPS": first["num_warps"]}
+    choices = inductor.kernel_choices(0, kernel, defaults)
+    assert [s["K0_XBLOCK"] for s in choices] == [c["kwargs"]["XBLOCK"] for c in kernel.configs]
+    assert all(s["K0_XBLOCK"] in tunables["K0_XBLOCK"] for s in choices)
+
+
 def test_launch_grids_follow_inductors_grid_types():
     text = KERNEL.replace("'grid_type': 'Grid1D'", "'grid_type': 'Grid2DWithYZOverflow'").replace(
         "def triton_poi_fused_add_mul_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr)",

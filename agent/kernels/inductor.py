@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
 import json
+import linecache
 import os
 import re
 import subprocess
@@ -381,13 +383,18 @@ def inductor_configs(text: str) -> tuple[list[dict], dict]:
         hints.update(size_hints if isinstance(size_hints, dict) else {})
         return lambda fn: fn
 
+    # @triton.jit reads the kernel's source: from linecache, as from a file
+    filename = f"<inductor kernel {hashlib.sha256(text.encode()).hexdigest()[:12]}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     try:  # the module's driver selection is for running kernels, which this does not
         with mock.patch.object(triton_heuristics, "cached_autotune", capture_configs), \
                 mock.patch.object(triton_helpers, "set_driver_to_gpu", lambda: None), \
                 mock.patch.object(triton_helpers, "set_driver_to_cpu", lambda: None):
-            exec(compile(text, "<inductor kernel>", "exec"), {"__file__": "<inductor kernel>"})
+            exec(compile(text, filename, "exec"), {"__file__": filename})
     except Exception:  # an Inductor version whose heuristics need more than the decorator: fixed defaults instead
         return [], {}
+    finally:
+        linecache.cache.pop(filename, None)
     return [{"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages} for c in captured], \
         {k: v for k, v in hints.items() if isinstance(v, int)}
 
