@@ -357,6 +357,18 @@ def build_graph(loop: Loop) -> StateGraph:
     return graph
 
 
+def _interrupted(error: BaseException | None) -> bool:
+    """Ctrl-C, or an error raised while Ctrl-C unwound the graph: LangGraph's runner, shut down by the interrupt,
+    raises "cannot schedule new futures after shutdown" for a task that finished meanwhile (seen on a GPU suite)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__context__
+    return False
+
+
 def run_loop(loop: Loop, checkpoints: Path, on_event: Callable[[dict], None] = lambda event: None,
              restart: bool = False) -> str:
     """Run (or resume: same run id, same checkpoint thread) the loop to a stop rule; returns the run's status.
@@ -382,10 +394,12 @@ def run_loop(loop: Loop, checkpoints: Path, on_event: Callable[[dict], None] = l
                 for event in graph.stream(start, config, stream_mode="custom", durability="sync"):
                     on_event(event)
                 stops = graph.get_state(config).values.get("stops", [])[before:]
-    except KeyboardInterrupt:
-        store.update_run(loop.run_id, status="stopped", notes="interrupted (Ctrl-C); resume with kloop resume")
-        raise
     except BaseException as e:
+        if _interrupted(e):
+            store.update_run(loop.run_id, status="stopped", notes="interrupted (Ctrl-C); resume with kloop resume")
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            raise KeyboardInterrupt from e
         store.update_run(loop.run_id, status="failed", notes=f"{type(e).__name__}: {e}")
         raise
     finally:

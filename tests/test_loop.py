@@ -277,6 +277,36 @@ def test_ctrl_c_stops_the_run_and_resume_finishes_it(store):
     assert [a["number"] for a in store.attempts(run_id)] == [1, 2, 3, 4, 5]
 
 
+def test_an_error_raised_while_ctrl_c_unwinds_the_graph_stops_the_run_as_ctrl_c_does(store):
+    """LangGraph's runner, shut down by the interrupt, may raise its own error for a task that finished meanwhile:
+    that is still Ctrl-C (the run is resumable), not a failure."""
+    class Interrupting(ScriptedPolicy):
+        def propose(self, ctx):
+            if ctx.turn == 2:
+                try:
+                    raise KeyboardInterrupt
+                except KeyboardInterrupt:
+                    raise RuntimeError("cannot schedule new futures after shutdown")
+            return super().propose(ctx)
+
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(make_loop(store, run_id, Interrupting(["kernel 1"]), max_attempts=3),
+                 Path(f"{store.path}.checkpoints"))
+    assert store.get_run(run_id)["status"] == "stopped"
+
+
+def test_an_error_of_its_own_still_fails_the_run(store):
+    class Broken(ScriptedPolicy):
+        def propose(self, ctx):
+            raise RuntimeError("the policy broke")
+
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    with pytest.raises(RuntimeError, match="the policy broke"):
+        run_loop(make_loop(store, run_id, Broken([]), max_attempts=3), Path(f"{store.path}.checkpoints"))
+    assert store.get_run(run_id)["status"] == "failed"
+
+
 def _spawn(db_path, run_id, delay, max_attempts):
     code = f"import test_loop; test_loop.run_fake_loop({str(db_path)!r}, {run_id!r}, {delay}, {max_attempts})"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH")])))
