@@ -150,6 +150,46 @@ def test_a_kernels_configurations_are_inductors_own_and_the_first_is_its_default
     assert all(s["K0_XBLOCK"] in tunables["K0_XBLOCK"] for s in choices)
 
 
+# A GEMM template over fp32 operands as Inductor writes one (shortened): TF32 off, so its product runs on the FMA units
+TEMPLATE = KERNEL[:KERNEL.index("@triton.jit")].replace(
+    "@triton_heuristics.pointwise(\n    size_hints={'x': 1048576}, filename=__file__,",
+    "@triton_heuristics.template(\n    num_stages=3, num_warps=4, filename=__file__,").replace(
+    "'grid_type': 'Grid1D'", "'grid_type': 'FixedGrid'").replace("in_ptr0", "arg_A").replace(
+    "in_ptr1", "arg_B").replace("triton_poi_fused_add_mul_0", "triton_tem_fused_mm_0") + \
+    """@triton.jit
+def triton_tem_fused_mm_0(arg_A, arg_B, out_ptr0, ks0):
+    ALLOW_TF32 : tl.constexpr = False
+    BLOCK : tl.constexpr = 16
+    r = tl.arange(0, BLOCK)
+    a = tl.load(arg_A + r[:, None] * BLOCK + r[None, :])
+    b = tl.load(arg_B + r[:, None] * BLOCK + r[None, :])
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for k in range(0, ks0):
+        acc += tl.dot(a, b, allow_tf32=ALLOW_TF32)
+    tl.store(out_ptr0 + r[:, None] * BLOCK + r[None, :], acc)
+"""
+
+
+def test_an_fp32_gemm_template_can_switch_to_3xtf32_and_the_switch_is_a_tunable_timed_both_ways():
+    kernel = parse_kernel("triton_tem_fused_mm_0", TEMPLATE)
+    assert kernel.constexprs == ["TF32X3"] and "def triton_tem_fused_mm_0(arg_A, arg_B, out_ptr0, ks0, TF32X3 : " \
+        "tl.constexpr):" in kernel.source
+    assert 'acc += tl.dot(a, b, input_precision="tf32x3")' in kernel.source
+    tunables, defaults = inductor.kernel_tunables(0, kernel)
+    assert tunables["K0_TF32X3"] == [0, 1] and defaults["K0_TF32X3"] == 0   # Inductor's own product by default
+    assert [s["K0_TF32X3"] for s in inductor.kernel_choices(0, kernel, defaults)] == [0, 1]
+    namespace = {"K0_NUM_WARPS": 4, "K0_NUM_STAGES": 3}
+    exec("import triton\nimport triton.language as tl\n" + kernel.source + launcher(0, kernel), namespace)
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    for switch in (0, 1):   # the interpreter computes both in fp32: the switch changes nothing but the instruction
+        out = torch.zeros(16, 16)
+        namespace["K0_TF32X3"] = switch
+        namespace["_launch_0"](a, b, out, 2, 1, 1, 1)
+        torch.testing.assert_close(out, 2 * a @ b)
+    half = TEMPLATE.replace("'arg_A': '*fp32'", "'arg_A': '*fp16'")   # not fp32: nothing to switch
+    assert "TF32X3" not in parse_kernel("triton_tem_fused_mm_0", half).constexprs
+
+
 def test_launch_grids_follow_inductors_grid_types():
     text = KERNEL.replace("'grid_type': 'Grid1D'", "'grid_type': 'Grid2DWithYZOverflow'").replace(
         "def triton_poi_fused_add_mul_0(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr)",

@@ -16,7 +16,8 @@ construction stay constants (Dynamo specializes them). The candidate holds:
   the fastest of those configurations, timed at generation as torch.compile's autotuner does:
   agent/kernels/starter_tune.py), and a launcher that computes the grid as Inductor's grid types do (Grid1D,
   Grid2D, Grid3D, Grid2DWithYZOverflow; a template's FixedGrid comes from the wrapper, so a GEMM template tunes
-  warps and stages, not its tiles);
+  warps and stages, not its tiles, and over fp32 operands `K<i>_TF32X3`: its product on the tensor cores as 3xTF32
+  rather than on the FMA units, see tf32x3_switch);
 - where the reference convolves, kloop's convolution kernel and launcher (`_conv`), tuned by `CONV_*` constants;
 - Inductor's wrapper (`call(args)`) translated: allocations become `torch.empty_strided` on the inputs' device,
   `reinterpret_tensor` an `as_strided` view, each `kernel.run(...)` a launcher call; device guards and stream
@@ -363,9 +364,37 @@ def parse_kernel(name: str, text: str) -> Kernel:
     unknown = [c for c in constexprs if c not in ("XBLOCK", "YBLOCK", "ZBLOCK", "R0_BLOCK")]
     if unknown:
         raise NoStarter(f"kernel {name} takes constexpr {', '.join(unknown)}, which the generator cannot choose")
+    if kind == "template" and (switchable := tf32x3_switch(name, source, text)) is not None:
+        source, constexprs = switchable, constexprs + ["TF32X3"]
     configs, size_hints = inductor_configs(text)
     return Kernel(name, source, kind, "FixedGrid" if kind == "template" else grid_type, params, constexprs,
                   configs, size_hints)
+
+
+# A template's fp32 product: `acc += tl.dot(a, b, allow_tf32=ALLOW_TF32, ...)`, one statement on its line
+_FP32_DOT = re.compile(r"^(?P<indent>[ \t]*)(?P<target>\w+ \+?= )tl\.dot\((?P<operands>[^()]*?),\s*"
+                       r"allow_tf32=ALLOW_TF32(?P<rest>[^()]*)\)[ \t]*$", re.M)
+
+
+def tf32x3_switch(name: str, source: str, text: str) -> str | None:
+    """A GEMM template over fp32 operands, with `tf32x3` as a constexpr switch (TF32X3): Inductor's template, with
+    TF32 off as torch's default is, multiplies on the FMA units (cuBLAS's SGEMM does the same, faster); 3xTF32
+    (each operand split into two TF32 parts, three tensor-core products) keeps about fp32's accuracy on the tensor
+    cores, as kloop's convolution does. Off by default; timed at generation on a GPU (starter_tune.py) and
+    verified by the evaluator like any setting. None where the template has no such product."""
+    if not re.search(r"ALLOW_TF32\s*:\s*tl\.constexpr\s*=\s*False", source) or \
+            not all(re.search(rf"'{arg}':\s*'\*fp32'", text) for arg in ("arg_A", "arg_B")):
+        return None
+
+    def switch(m: re.Match) -> str:
+        pad, target, operands, rest = m["indent"], m["target"], m["operands"], m["rest"]
+        return (f"{pad}if TF32X3:\n{pad}    {target}tl.dot({operands}, input_precision=\"tf32x3\"{rest})\n"
+                f"{pad}else:\n{pad}    {target}tl.dot({operands}, allow_tf32=ALLOW_TF32{rest})")
+
+    switched, count = _FP32_DOT.subn(switch, source)
+    if count == 0:
+        return None
+    return re.sub(rf"(def {re.escape(name)}\([^)]*)\)", r"\1, TF32X3 : tl.constexpr)", switched, count=1)
 
 
 def inductor_configs(text: str) -> tuple[list[dict], dict]:
@@ -477,6 +506,8 @@ def kernel_tunables(i: int, k: Kernel, interpreter: bool = False) -> tuple[dict[
     if k.kind == "template":
         add("NUM_WARPS", NUM_WARPS, 4, first["num_warps"])
         add("NUM_STAGES", NUM_STAGES, 2, first["num_stages"])
+        if "TF32X3" in k.constexprs:
+            add("TF32X3", [0, 1], 0)
         return tunables, defaults
     if k.kind == "pointwise" and k.constexprs == ["XBLOCK"]:
         add("XBLOCK", POINTWISE_XBLOCK, 1024, kwargs.get("XBLOCK"))
@@ -505,6 +536,8 @@ def kernel_choices(i: int, k: Kernel, defaults: dict) -> list[dict]:
             setting[f"K{i}_NUM_STAGES"] = config["num_stages"]
         if set(setting) <= set(defaults) and all(isinstance(v, int) and v > 0 for v in setting.values()):
             settings.append({**defaults, **setting})
+    if f"K{i}_TF32X3" in defaults:  # each configuration also on the tensor cores (3xTF32)
+        settings += [{**s, f"K{i}_TF32X3": 1} for s in settings]
     return _distinct(settings)
 
 
@@ -520,7 +553,8 @@ def launcher(i: int, k: Kernel) -> str:
         args = ", ".join(k.params)
         return (f"def _launch_{i}({args}, _grid_0, _grid_1, _grid_2):\n"
                 f"    if _grid_0 == 0 or _grid_1 == 0 or _grid_2 == 0:\n        return\n"
-                f"    {k.name}[(_grid_0, _grid_1, _grid_2)]({args}, num_warps={p}NUM_WARPS{stages})\n")
+                f"    {k.name}[(_grid_0, _grid_1, _grid_2)]({args}, "
+                + "".join(f"{c}={p}{c}, " for c in k.constexprs) + f"num_warps={p}NUM_WARPS{stages})\n")
     args = ", ".join(k.params)
     body = []
     for c in k.constexprs:
