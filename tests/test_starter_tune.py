@@ -43,7 +43,7 @@ def starter(*settings):
                      [[defaults] + [{**defaults, **s} for s in settings]])
 
 
-def tuned(generated, milliseconds):
+def tuned(generated, milliseconds, expected=lambda x: x * 2):
     """tune() with each run's time looked up by the XBLOCK it ran with."""
     x = torch.randn(1000)
     seen = []
@@ -54,7 +54,7 @@ def tuned(generated, milliseconds):
         fn()
         return milliseconds[block]
 
-    return tune(generated, lambda cls: cls(), [x], x * 2, measure=measure), seen
+    return tune(generated, lambda cls: cls(), [x], expected(x), measure=measure), seen
 
 
 def test_the_fastest_setting_with_the_references_outputs_becomes_the_default():
@@ -76,6 +76,11 @@ def test_a_win_under_one_percent_keeps_inductors_first_configuration():
 def test_a_chosen_value_joins_its_tunables_list():
     result, _ = tuned(starter({"K0_XBLOCK": 128}), {64: 2.0, 128: 1.0})
     assert result.defaults["K0_XBLOCK"] == 128 and result.tunables["K0_XBLOCK"] == [32, 64, 128]
+
+
+def test_a_first_setting_that_does_not_reproduce_the_reference_is_not_tuned_from():
+    with pytest.raises(ValueError, match="does not reproduce the reference"):
+        tuned(starter({"K0_XBLOCK": 32}), {64: 2.0, 32: 1.0}, expected=lambda x: x * 3)
 
 
 def test_nothing_to_choose_leaves_the_starter_as_it_is():

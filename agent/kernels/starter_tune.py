@@ -9,7 +9,8 @@ default. This only picks the starter's first point: the evaluator verifies and t
 
 A setting is timed only if its outputs are as close to the reference's as the first setting's (a configuration
 never changes what a kernel computes, only its summation order); one that fails to compile or launch is passed
-over. Tuning stops trying more settings after TUNE_BUDGET_S.
+over; a first setting further from the reference than FIRST_ERROR_LIMIT leaves the starter untuned. Tuning stops
+trying more settings after TUNE_BUDGET_S.
 
     >>> tuned = tune(generated, lambda cls: cls(), inputs, expected)   # on a GPU, in the generating child
 """
@@ -28,6 +29,7 @@ import torch
 TUNE_BUDGET_S = 120.0
 ERROR_FLOOR = 1e-5   # relative to the largest reference value: rounding of a changed summation order
 CHUNK = 1 << 24      # elements compared at a time
+FIRST_ERROR_LIMIT = 1e-2   # the first setting further than this from the reference: no tuning (half precision fits)
 
 
 def gpu_time_ms(fn: Callable[[], object]) -> float:
@@ -52,7 +54,10 @@ def tune(generated, make_model: Callable[[type], torch.nn.Module], inputs: list,
         vars(module).update(chosen)
         with torch.no_grad():
             run = lambda: model(*inputs)  # noqa: E731
-            allowed = max(2 * _error(run(), expected), ERROR_FLOOR)
+            first_error = _error(run(), expected)
+            if not first_error <= FIRST_ERROR_LIMIT:  # nothing to compare settings against
+                raise ValueError("the starter's first setting does not reproduce the reference's outputs here")
+            allowed = max(2 * first_error, ERROR_FLOOR)
             deadline = time.monotonic() + budget_s
             notes = []
             for group in groups:
