@@ -194,3 +194,54 @@ def test_outputs_are_compared_relative_to_the_reference_and_exactly_where_not_fi
     assert starter_tune._error(torch.tensor([1.0, -4.0, 0.0, float("inf")]), want) == float("inf")
     assert starter_tune._error((torch.tensor([3, 1]),), (torch.tensor([3, 2]),)) == float("inf")
     assert starter_tune._error(torch.zeros(3), torch.zeros(2)) == float("inf")
+
+
+def test_a_captured_fp32_gemm_starter_is_timed_both_ways_end_to_end(tmp_path, monkeypatch):
+    """The GPU path's plumbing under the interpreter: Inductor's template with its TF32X3 switch, its choices, the
+    model built with the reference's parameters, the timed defaults written into the source."""
+    from agent.kernels import inductor, starter_tune
+    from tools.inputs import make_inputs
+    from tools.target import load_target
+
+    (tmp_path / "matmul.py").write_text(MATMUL.replace("1024", "32").replace("1023", "31"))
+    target = load_target(str(tmp_path / "matmul.py"))
+    module = target.module_for({})
+    model = module.Model()
+    inputs = make_inputs(module, 0)
+    with torch.no_grad():
+        expected = model(*inputs)
+    wrapper, sources = _captured(model, inputs)
+    generated = inductor.build_candidate(wrapper, sources, target.source, True)   # as on a GPU: with choices
+    assert [s["K0_TF32X3"] for s in generated.choices[0]] == [0, 1]
+
+    def measure(fn):   # 3xTF32 "faster", as on a GPU's tensor cores
+        fn()
+        switch = next(vars(m)["K0_TF32X3"] for name, m in sys.modules.items() if name.startswith("kloop_starter_tune"))
+        return 1.0 if switch else 2.0
+
+    monkeypatch.setattr(starter_tune.tune, "__defaults__", (measure, starter_tune.TUNE_BUDGET_S))
+    tuned = inductor._timed(generated, module, model, inputs, expected)
+    assert "2 of 2 settings timed" in tuned.notes, tuned.notes
+    assert tuned.defaults["K0_TF32X3"] == 1 and "\nK0_TF32X3 = 1\n" in tuned.source
+
+
+def _captured(model, inputs):
+    """inductor.capture in this process (generation runs it in a child), Dynamo's and Inductor's settings as they
+    were afterwards."""
+    import warnings
+
+    import torch._dynamo
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    from agent.kernels import inductor
+
+    saved = inductor_config.save_config(), dynamo_config.save_config()
+    try:
+        return inductor.capture(model, inputs)
+    finally:
+        with warnings.catch_warnings():   # loading them back names their deprecated keys
+            warnings.simplefilter("ignore", FutureWarning)
+            inductor_config.load_config(saved[0])
+            dynamo_config.load_config(saved[1])
+        torch._dynamo.reset()

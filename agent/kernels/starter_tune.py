@@ -16,6 +16,7 @@ trying more settings after TUNE_BUDGET_S.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import sys
@@ -47,8 +48,7 @@ def tune(generated, make_model: Callable[[type], torch.nn.Module], inputs: list,
     groups = [group for group in generated.choices if len(group) > 1]
     if not groups:
         return generated
-    with tempfile.TemporaryDirectory(prefix="kloop-tune-") as folder:
-        module = _load(generated.source, Path(folder))
+    with _loaded(generated.source) as module:
         model = make_model(module.ModelNew)
         chosen = dict(generated.defaults)
         vars(module).update(chosen)
@@ -79,19 +79,23 @@ def tune(generated, make_model: Callable[[type], torch.nn.Module], inputs: list,
                         chosen.update(best)
                     notes.append(_note(group, timed, chosen))
                 vars(module).update(chosen)
-        sys.modules.pop(module.__name__, None)
     return generated.with_defaults(chosen, "; ".join(notes))
 
 
-def _load(source: str, folder: Path):
-    """The candidate as a module from a file (Triton reads its kernels' source from there)."""
-    path = folder / "kloop_starter_tune.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"kloop_starter_tune_{id(path)}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+@contextlib.contextmanager
+def _loaded(source: str):
+    """The candidate as a module from a file (Triton reads its kernels' source from there); both gone after."""
+    with tempfile.TemporaryDirectory(prefix="kloop-tune-") as folder:
+        path = Path(folder) / "kloop_starter_tune.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"kloop_starter_tune_{id(path)}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        try:
+            spec.loader.exec_module(module)
+            yield module
+        finally:
+            sys.modules.pop(spec.name, None)
 
 
 def _outputs(out) -> list:
