@@ -114,13 +114,13 @@ class Generated:
     def with_defaults(self, values: dict, note: str) -> "Generated":
         """This starter with other default values (its `NAME = value` lines; a value missing from its tunable's
         list joins it), the note appended."""
-        source, tunables = self.source, dict(self.tunables)
-        for name, value in values.items():
-            if self.defaults.get(name) != value:
-                source = re.sub(rf"^{re.escape(name)} = .*$", f"{name} = {value!r}", source, count=1, flags=re.M)
-                tunables[name] = _with_default(list(tunables.get(name, [])), value)
+        from agent.kernels.constants import replace_constants
+
+        tunables = {name: _with_default(list(options), values[name]) if name in values else options
+                    for name, options in self.tunables.items()}
         notes = self.notes + (f"; defaults timed at generation: {note}" if note else "")
-        return Generated(source, tunables, {**self.defaults, **values}, notes, list(self.kernels), self.choices)
+        return Generated(replace_constants(self.source, values), tunables, {**self.defaults, **values}, notes,
+                         list(self.kernels), self.choices)
 
 
 # -- the parent side ----------------------------------------------------------------------------------------------

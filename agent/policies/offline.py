@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from agent.diagnose import diagnose
+from agent.kernels.constants import constants, replace_constants
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
 from tools.rules import detect_language
 from tools.store import Store, fastest_key, source_hash
@@ -453,16 +454,6 @@ def seed_template(path: Path) -> Template:
                     f"(your seed kernel {path.name})", seed_source=source)
 
 
-def constants(tree: ast.Module) -> list[tuple[str, Any, ast.expr]]:
-    found = []
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id.isupper() and isinstance(node.value, ast.Constant)
-                and isinstance(node.value.value, (int, float)) and node.value.lineno == node.value.end_lineno):
-            found.append((node.targets[0].id, node.value.value, node.value))
-    return found
-
-
 def neighbours(value: int | float | bool) -> list:
     """Sorted candidate values around a constant: powers of two step by 2x, other numbers by about +-50%."""
     if isinstance(value, bool):
@@ -473,12 +464,3 @@ def neighbours(value: int | float | bool) -> list:
         return sorted({v for v in (value // 4, value // 2, value, value * 2, value * 4) if v >= 1})
     return sorted({v for v in (round(value * 0.5), round(value * 0.75), value, round(value * 1.5), value * 2)
                    if v >= 1} | {value})
-
-
-def replace_constants(source: str, values: dict) -> str:
-    lines = source.split("\n")
-    for name, _old, node in sorted(constants(ast.parse(source)), key=lambda c: -c[2].col_offset):
-        if name in values:
-            line = lines[node.lineno - 1]
-            lines[node.lineno - 1] = line[:node.col_offset] + repr(values[name]) + line[node.end_col_offset:]
-    return "\n".join(lines)
