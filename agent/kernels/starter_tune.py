@@ -17,6 +17,7 @@ trying more settings after TUNE_BUDGET_S.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import math
 import sys
@@ -34,10 +35,24 @@ FIRST_ERROR_LIMIT = 1e-2   # the first setting further than this from the refere
 
 
 def gpu_time_ms(fn: Callable[[], object]) -> float:
-    """Median milliseconds of fn on the GPU (Triton's do_bench, cache flushed between calls)."""
+    """Median milliseconds of fn on the GPU (Triton's do_bench, cache flushed between calls), timed while no other
+    generation on this GPU times (a suite generates several starters side by side)."""
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+    with _timing_alone():
+        return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+
+
+@contextlib.contextmanager
+def _timing_alone():
+    """An exclusive lock per GPU (by its UUID), shared by every process on this machine."""
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    with open(Path(tempfile.gettempdir()) / f"kloop-timing-{uuid}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def tune(generated, make_model: Callable[[type], torch.nn.Module], inputs: list, expected,
