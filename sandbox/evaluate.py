@@ -166,6 +166,7 @@ class Device:
     def executor(self) -> Child:
         """The GPU's executor, restarted if the last candidate took it down."""
         if self._executor is None or not self._executor.alive():
+            self._refuse_if_closed()
             if self._executor is not None:
                 self._executor.close()
                 self.restarts += 1
@@ -180,6 +181,7 @@ class Device:
         if self._referee is not None and self.cuda and not self._referee.alive():
             self.drop_referee()
         if self._referee is None:
+            self._refuse_if_closed()
             self.referee_starts += 1
             if self.cuda:
                 self._referee = Child("sandbox.referee", cuda=True, jailed=False, statuses=REFEREE_STATUSES,
@@ -191,6 +193,12 @@ class Device:
 
                 self._referee = _InProcess(Referee())
         return self._referee
+
+    def _refuse_if_closed(self) -> None:
+        """No process is started for a closed session: an evaluation finishing on another thread after a stop (its
+        release) would start one in the session's removed folder."""
+        if self.session.closed:
+            raise ChildDied("the evaluator session is closed")
 
     def drop_referee(self) -> None:
         """The referee's CUDA context is gone (a device-side assert in the reference): the next call starts another."""
@@ -266,6 +274,7 @@ class Session:
         self._count = 0
         self._count_lock = threading.Lock()
         self._pipeline = None
+        self.closed = False
 
     @property
     def isolation(self) -> str:
@@ -380,6 +389,7 @@ class Session:
                 self.adopt_best(ev, attempt, median_us)
 
     def close(self) -> None:
+        self.closed = True
         if self._pipeline is not None:
             self._pipeline.close()
         self.pool.close()

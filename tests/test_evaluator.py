@@ -688,3 +688,19 @@ def test_the_same_kernel_against_itself_is_a_tie(session):
             again.assemble(), again.verify(), again.profile()
         outcomes.append(again.result.vs_best and again.result.vs_best.outcome)
     assert len(outcomes) == 3 and set(outcomes) <= {"tie", "slower"}, outcomes
+
+
+def test_a_closed_session_starts_no_executor_or_referee():
+    # A stop closes the session (and removes its folder) while an evaluation may still be finishing on the
+    # pipeline's completion thread; its release must not start a GPU process in the removed folder.
+    from sandbox.evaluate import Device
+    from sandbox.process import ChildDied
+
+    closed = SimpleNamespace(cuda=True, closed=True, directory=Path("/nonexistent/kloop-session"))
+    device = Device(closed)
+    with pytest.raises(ChildDied, match="session is closed"):
+        device.referee()
+    with pytest.raises(ChildDied, match="session is closed"):
+        device.executor()
+    assert device.referee_starts == 0 and device._executor is None and device._referee is None
+
