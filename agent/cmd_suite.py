@@ -116,6 +116,9 @@ class SuiteView:
             line(f"starter {event['done']}/{event['total']} {event['problem']}: {what}")
             if self.status is not None:
                 self.status.update(f"generating starters {event['done']}/{event['total']}")
+        elif kind == "starter_later":
+            line(f"starter of {event['problem']} left for later after {event['seconds']:.0f} s ({event['why']}): "
+                 "generated again alone after the other problems")
         elif kind == "problem":
             fast = "untimed" if not event["timed"] else \
                 f"{event['fast_1_eager']} vs eager, {event['fast_1_compile']} vs torch.compile"

@@ -13,7 +13,8 @@ Bookkeeping lives in two tables of the run database, beside runs/attempts/messag
 - `suite_starters`: the offline policy's Inductor starters (agent/kernels/inductor.py), or the reason there is
   none, per problem source, device kind and torch version. They are generated `jobs` problems at a time, in
   parallel child processes, just before those problems run (never while a kernel is timed), so a suite stopped by
-  its budget has results for its first problems, and a resumed suite reuses them.
+  its budget has results for its first problems, and a resumed suite reuses them. A straggling generation, or one
+  that ran out of memory beside others, is generated again alone after the batch's other problems have run.
 
 Lanes: with --gpus naming several GPUs, problems run side by side, one per GPU (each lane a thread with its own
 evaluator session and database connection, taking the next chunk of problems when it is done with its own);
@@ -23,8 +24,8 @@ A problem's run is recorded as `running` before its loop starts, so after `kill 
 (agent.run.resume: at most the attempt in flight is lost); Ctrl-C marks it `stopped` (resumed the same way) and
 re-raises. A problem that cannot run (its reference fails, no starter, a file that is no KernelBench module) is
 `skipped` with its one-line reason; a run that fails (RunFailed) is `failed` and tried again by the next call.
-Neither stops the suite. Nothing here prints: progress goes to `on_event` as dicts (kinds: starter, problem,
-problem_done, and the loop's own events).
+Neither stops the suite. Nothing here prints: progress goes to `on_event` as dicts (kinds: starter, starter_later,
+problem, problem_done, and the loop's own events).
 """
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ import hashlib
 import json
 import os
 import re
+import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -47,6 +49,8 @@ from tools.store import Store, now, open_db
 PROBLEMS_TABLE = "suite_problems"
 STARTERS_TABLE = "suite_starters"
 DEFAULT_MAX_ATTEMPTS = 8
+STRAGGLER_AFTER_S = 120.0   # prepare_starters: a generation still running this long after its batch began ...
+STRAGGLER_FACTOR = 3.0      # ... and this many times the median of the half of the batch that is done: later, alone
 
 
 class SuiteError(Exception):
@@ -342,18 +346,25 @@ def generation_bytes(problem: Problem) -> int:
 
 
 def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
-                     items: list[tuple[Problem, str]] | None = None, gpu: int | None = None) -> None:
+                     items: list[tuple[Problem, str]] | None = None, gpu: int | None = None) \
+        -> list[tuple[Problem, str]]:
     """Generate the Inductor starters that `items` (default: the whole plan) still need for offline runs,
     `plan.jobs` at a time (each in its own child process), and keep each, or its reason, in suite_starters as it
     arrives. On a GPU, generations side by side hold at most GENERATION_MEMORY_SHARE of its free memory (each its
     reference's full-size inputs and outputs, three times, and weights): a level-1 ReLU moves 12.8 GB, and five at
-    once ran out of memory, to be generated again one at a time. Generations that ran out of memory beside others
-    anyway are tried again one at a time. gpu: the index of the GPU to generate on (a lane's; default this
-    process's)."""
+    once ran out of memory, to be generated again one at a time. gpu: the index of the GPU to generate on (a
+    lane's; default this process's).
+
+    Returns the items left for later, to be generated again alone (a call with that item alone): generations that
+    ran out of memory beside others, and stragglers. A straggler is still running STRAGGLER_AFTER_S after the
+    batch began, when at least half the batch is done and it has taken STRAGGLER_FACTOR times their median: it is
+    killed, so that one slow or stuck generation (KernelBench level 2's 23 never came back beside seven others)
+    does not hold up the problems whose starters are ready."""
     if plan.policy != "offline":
-        return
+        return []
+    items = plan.items() if items is None else items
     todo: dict[str, Problem] = {}
-    for problem, strategy in plan.items() if items is None else items:
+    for problem, strategy in items:
         if not problem.path.is_file():
             continue
         sha = source_sha256(problem.path)
@@ -361,7 +372,7 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
         if (row is None or row["status"] not in ("done", "skipped")) and cached_starter(store, sha) is None:
             todo.setdefault(sha, problem)
     if not todo:
-        return
+        return []
     from agent.kernels import inductor
 
     device, torch_version = device_kind()
@@ -371,16 +382,17 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
 
     gate = MemoryGate(generation_memory(gpu))
     visible = None if gpu is None else runs.gpu_list(str(gpu))[0]
+    give_up = {sha: threading.Event() for sha in todo}
 
-    def one(sha: str, problem: Problem) -> tuple[str, Problem, dict | None, str | None, float]:
+    def one(sha: str, problem: Problem) -> tuple[str, Problem, dict | None, Exception | None, float]:
         need = 0 if gate.budget is None else min(gate.budget, generation_bytes(problem))
         gate.take(need)
         began = time.monotonic()
         try:
-            return sha, problem, inductor.generate(str(problem.path), visible=visible).to_dict(), None, \
-                time.monotonic() - began
+            return sha, problem, inductor.generate(str(problem.path), visible=visible,
+                                                   give_up=give_up[sha]).to_dict(), None, time.monotonic() - began
         except inductor.NoStarter as e:
-            return sha, problem, None, str(e), time.monotonic() - began
+            return sha, problem, None, e, time.monotonic() - began
         finally:
             gate.give(need)
 
@@ -388,37 +400,47 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
         nonlocal done
         sha, problem, starter, error, seconds = result
         done += 1
-        if error and "(exit -" in error:  # killed by a signal (memory, a stop): generated again next time
-            on_event({"kind": "starter", "problem": problem.key, "done": done, "total": total, "ok": False,
-                      "error": error, "seconds": seconds})
-            return
-        with store.transaction():
-            store.db[STARTERS_TABLE].upsert({"target_sha256": sha, "device": device, "torch": torch_version,
-                                             "starter": json.dumps(starter) if starter else None, "error": error,
-                                             "seconds": seconds, "created_at": now()},
-                                            pk=("target_sha256", "device", "torch"))
-        on_event({"kind": "starter", "problem": problem.key, "done": done, "total": total, "ok": starter is not None,
-                  "error": error, "seconds": seconds})
+        event = {"kind": "starter", "problem": problem.key, "done": done, "total": total, "ok": starter is not None,
+                 "error": str(error) if error else None, "seconds": seconds}
+        if not isinstance(error, inductor.GenerationStopped):  # a killed one is generated again next time
+            with store.transaction():
+                store.db[STARTERS_TABLE].upsert({"target_sha256": sha, "device": device, "torch": torch_version,
+                                                 "starter": json.dumps(starter) if starter else None,
+                                                 "error": event["error"], "seconds": seconds, "created_at": now()},
+                                                pk=("target_sha256", "device", "torch"))
+        on_event(event)
 
-    retry = []
+    later: set[str] = set()
     pool = ThreadPoolExecutor(max_workers=plan.jobs)
+    began, took = time.monotonic(), []
     try:
-        futures = [pool.submit(one, sha, problem) for sha, problem in todo.items()]
-        for future in as_completed(futures):
-            result = future.result()
-            if result[3] and "out of memory" in result[3].lower() and plan.jobs > 1:
-                retry.append(result)
-            else:
-                keep(result)
+        pending = {pool.submit(one, sha, problem): sha for sha, problem in todo.items()}
+        while pending:
+            finished, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in finished:
+                sha, problem, _, error, seconds = result = future.result()
+                del pending[future]
+                straggler = isinstance(error, inductor.GenerationStopped) and give_up[sha].is_set()
+                if straggler or (len(todo) > 1 and error and "out of memory" in str(error).lower()):
+                    later.add(sha)
+                    on_event({"kind": "starter_later", "problem": problem.key, "seconds": seconds,
+                              "why": "a straggler" if straggler else "out of memory beside others"})
+                else:
+                    took.append(seconds)
+                    keep(result)
+            if pending and 2 * len(took) >= len(todo) and time.monotonic() - began > max(
+                    STRAGGLER_AFTER_S, STRAGGLER_FACTOR * statistics.median(took)):
+                for sha in pending.values():
+                    give_up[sha].set()
         pool.shutdown(wait=True)
-        for sha, problem, *_ in retry:
-            keep(one(sha, problem))
     except KeyboardInterrupt:  # what was generated is kept; the rest is generated by the next call
         pool.shutdown(wait=False, cancel_futures=True)
         inductor.stop_generating()
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+    return [(problem, strategy) for problem, strategy in items
+            if problem.path.is_file() and source_sha256(problem.path) in later]
 
 
 # -- the suite --------------------------------------------------------------------------------------------------
@@ -459,7 +481,8 @@ class _Work:
 
 def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work: _Work, evaluator: dict,
           session=None, gpu: int | None = None, tag: bool = False) -> None:
-    """Chunks until none is left: a chunk's starters side by side (on `gpu`), then its problems one after another,
+    """Chunks until none is left: a chunk's starters side by side (on `gpu`), then its problems one after another
+    (those whose starter was left for later last, each after its starter is generated alone),
     all in one evaluator session (its planners, executors and referees stay warm across problems). tag: the loop's
     events carry their problem (lanes side by side interleave them)."""
     own = session is None
@@ -471,8 +494,10 @@ def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work:
             begin, items = chunk
             # starters just before their problems run: a suite stopped by its budget has run problems rather than
             # only generated starters for all of them
-            prepare_starters(store, plan, on_event, items, gpu)
-            for index, (problem, strategy) in enumerate(items, begin):
+            later = prepare_starters(store, plan, on_event, items, gpu)
+            for index, (problem, strategy) in sorted(enumerate(items, begin), key=lambda pair: pair[1] in later):
+                if (problem, strategy) in later:  # its starter again, alone on the GPU (nothing is timed meanwhile)
+                    prepare_starters(store, plan, on_event, [(problem, strategy)], gpu)
                 on_event({"kind": "problem", "index": index, "total": work.total, "problem": problem.key,
                           "strategy": strategy, **tally(store, rows_of(store, plan))})
                 events = (lambda event, key=problem.key: on_event({**event, "problem": key})) if tag else on_event

@@ -109,7 +109,7 @@ def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypat
     running, most = set(), []
     lock = threading.Lock()
 
-    def fake_generate(spec, visible=None):
+    def fake_generate(spec, visible=None, give_up=None):
         with lock:
             running.add(spec)
             most.append(len(running))
@@ -130,6 +130,75 @@ def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypat
     suite.prepare_starters(store, SuitePlan(discover([tmp_path / "set"]), jobs=4), events.append)
     assert len(events) == 4 and all(e["error"] == "fake" for e in events)
     assert max(most) == most_at_once
+
+
+def test_a_straggling_generation_is_left_for_later_and_generated_again_alone(tmp_path, monkeypatch):
+    """Three generations return at once; the fourth would run on. Once half the batch is done and the straggler has
+    taken STRAGGLER_AFTER_S, it is given up: not recorded as having no starter, returned for later; generated
+    again by itself, it is kept."""
+    import threading
+
+    from agent import suite
+    from agent.kernels import inductor
+
+    calls = []
+
+    def fake_generate(spec, visible=None, give_up=None):
+        calls.append(Path(spec).stem)
+        if Path(spec).stem == "4_Op" and len(calls) <= 4:   # stuck beside the others, until given up
+            assert give_up.wait(30), "the straggler was never given up"
+            raise inductor.GenerationStopped("generation given up (a straggler)")
+        return inductor.Generated(source="# kernel", defaults={}, tunables={}, notes="fake", kernels=[])
+
+    monkeypatch.setattr(inductor, "generate", fake_generate)
+    monkeypatch.setattr(suite, "STRAGGLER_AFTER_S", 0.5)
+    for i in range(4):
+        (tmp_path / "set" / f"{i + 1}_Op.py").parent.mkdir(exist_ok=True)
+        (tmp_path / "set" / f"{i + 1}_Op.py").write_text(MODULE.replace("x + 1", f"x + {i}"))
+    store = open_db(tmp_path / "s.db")
+    suite.ensure_tables(store)
+    plan = SuitePlan(discover([tmp_path / "set"]), jobs=4)
+    events = []
+    began = time.monotonic()
+    later = suite.prepare_starters(store, plan, events.append)
+    assert time.monotonic() - began < 10
+    assert [problem.key for problem, _ in later] == ["4_Op"]
+    assert [e["problem"] for e in events if e["kind"] == "starter_later"] == ["4_Op"]
+    assert sorted(e["problem"] for e in events if e["kind"] == "starter") == ["1_Op", "2_Op", "3_Op"]
+    assert store.db.execute("select count(*), count(starter) from suite_starters").fetchone() == (3, 3)
+    assert suite.prepare_starters(store, plan, events.append, later) == []   # alone, it is never a straggler
+    assert calls.count("4_Op") == 2 and events[-1]["problem"] == "4_Op" and events[-1]["ok"]
+    assert store.db.execute("select count(*), count(starter) from suite_starters").fetchone() == (4, 4)
+
+
+def test_a_lane_runs_the_problems_whose_starters_are_ready_first(tmp_path, monkeypatch):
+    """A chunk whose second problem's starter was left for later: the others run first, then its starter is
+    generated alone, then it runs; the order of the plan is kept otherwise."""
+    from agent import suite
+
+    for name in ("1_A", "2_B", "3_C"):
+        (tmp_path / "set").mkdir(exist_ok=True)
+        (tmp_path / "set" / f"{name}.py").write_text(MODULE)
+    plan = SuitePlan(discover([tmp_path / "set"]), jobs=3)
+    happened = []
+
+    def fake_prepare(store, plan, on_event, items=None, gpu=None):
+        happened.append(("generate", [p.key for p, _ in items]))
+        return [item for item in items if item[0].key == "2_B"] if len(items) > 1 else []
+
+    def fake_run(store, plan, problem, strategy, on_event, session, evaluator=None):
+        happened.append(("run", problem.key))
+        return {"status": "done", "reason": None, "run_id": None}
+
+    monkeypatch.setattr(suite, "prepare_starters", fake_prepare)
+    monkeypatch.setattr(suite, "_run_problem", fake_run)
+    store = open_db(tmp_path / "s.db")
+    suite.ensure_tables(store)
+    events = []
+    suite._lane(store, plan, events.append, suite._Work(plan.items(), plan.jobs), {}, session=object())
+    assert happened == [("generate", ["1_A", "2_B", "3_C"]), ("run", "1_A"), ("run", "3_C"),
+                        ("generate", ["2_B"]), ("run", "2_B")]
+    assert [e["index"] for e in events if e["kind"] == "problem"] == [0, 2, 1]
 
 
 # -- the report's numbers ------------------------------------------------------------------------------------------

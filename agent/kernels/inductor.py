@@ -50,13 +50,15 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 600
+TIMEOUT_S = 300
 HELPER_PREFIX = "_th_"
 MAX_Y_GRID = 65535                # CUDA's limit on grid y and z; Inductor folds larger y grids into z
 
@@ -89,6 +91,11 @@ def _th_welford(mean, m2, weight, dim):
 
 class NoStarter(Exception):
     """No standalone starter for this target; the message is one line that says why."""
+
+
+class GenerationStopped(NoStarter):
+    """The generating child was killed (a stop, `give_up`, the kernel's OOM killer): nothing is known about the
+    target, so it is generated again later rather than recorded as having no starter."""
 
 
 @dataclass
@@ -134,11 +141,11 @@ def stop_generating() -> None:
 
 
 def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIMEOUT_S,
-             visible: str | None = None) -> Generated:
+             visible: str | None = None, give_up: threading.Event | None = None) -> Generated:
     """The standalone Inductor starter for a target (a built-in name or a KernelBench-style file), generated in a
     child process. small: generate at the target's CPU size (default: when there is no CUDA GPU); visible: the
-    CUDA_VISIBLE_DEVICES entry of the GPU to generate on (None: this process's). NoStarter, with a one-line reason,
-    when there is none."""
+    CUDA_VISIBLE_DEVICES entry of the GPU to generate on (None: this process's); give_up: set, the child is killed
+    (GenerationStopped). NoStarter, with a one-line reason, when there is none."""
     if small is None:
         from tools.inputs import DEVICE
         small = DEVICE.type != "cuda"
@@ -153,18 +160,29 @@ def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIM
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           cwd=str(ROOT)) as child:
         _RUNNING.add(child)
+        deadline = time.monotonic() + timeout_s
         try:
-            stdout, stderr = child.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.communicate()
-            raise NoStarter(f"torch.compile did not finish generating Triton within {timeout_s:.0f} s") from None
+            while True:
+                try:  # in steps, to see give_up; communicate() may be called again after a timeout
+                    stdout, stderr = child.communicate(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    if give_up is not None and give_up.is_set():
+                        child.kill()
+                        child.communicate()
+                        raise GenerationStopped("generation given up (a straggler)") from None
+                    if time.monotonic() >= deadline:
+                        child.kill()
+                        child.communicate()
+                        raise NoStarter(f"torch.compile did not finish generating Triton within {timeout_s:.0f} s") \
+                            from None
         finally:
             _RUNNING.discard(child)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
         tail = " ".join((stderr or "").strip().splitlines()[-1:])[:300]
-        raise NoStarter(f"generating Inductor's Triton failed (exit {child.returncode}): {tail or 'no output'}")
+        failure = f"generating Inductor's Triton failed (exit {child.returncode}): {tail or 'no output'}"
+        raise GenerationStopped(failure) if child.returncode < 0 else NoStarter(failure)
     reply = json.loads(lines[-1])
     if "error" in reply:
         raise NoStarter(reply["error"])
