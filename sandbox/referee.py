@@ -35,6 +35,7 @@ LAUNCH_COVER_CYCLES = 1_000_000
 # Reference outputs above this fraction of the GPU's memory are dropped while torch.compile's baseline makes its own
 # (and computed again for the check): at KernelBench's full sizes a third set may not fit beside the executor's.
 LARGE_FRACTION = 1 / 16
+MOVED_SEED = 20261126   # the rounding steps of _moved_output: fixed, so a verdict is the same on every run
 
 
 class Referee:
@@ -259,16 +260,50 @@ class Referee:
                                reasons: list[str]) -> list[str]:
         """Output i, outside the tolerance of the reference, judged against the reference computed in float64: no
         reasons when every element is within its tolerance of that, or no further from it than twice the reference
-        there; else the reasons, with both distances. Where float64 does not fit or does not run, they stand."""
+        there, or than verify.SENSITIVITY_FACTOR times the float32 reference's move under a rounding step of its
+        inputs (`_moved_output`); else the reasons, with the distances. Where float64 does not fit or does not run,
+        they stand."""
         exact = self._float64_output(shape, i, ref)
         if exact is None:
             return reasons
-        bad, own, theirs = verify.against_float64(out, ref, exact, stats["atol"], stats["rtol"])
+        moved = self._moved_output(shape, i, ref)
+        bad, own, theirs = verify.against_float64(out, ref, exact, stats["atol"], stats["rtol"], moved)
+        del moved
         stats["float64"] = {"elements_off": bad, "tolerances_off": own, "reference_tolerances_off": theirs}
         if not bad:
             return []
-        return [f"{reasons[0]}; against the reference computed in float64, {bad} elements are further than both "
-                f"their tolerance and twice the reference (up to {own:.3g} tolerances off, the reference {theirs:.3g})"]
+        return [f"{reasons[0]}; against the reference computed in float64, {bad} elements are further than their "
+                f"tolerance, twice the reference and {verify.SENSITIVITY_FACTOR:g} times its move under a rounding "
+                f"step of the inputs (up to {own:.3g} tolerances off, the reference {theirs:.3g})"]
+
+    def _moved_output(self, shape: str, i: int, ref: torch.Tensor) -> torch.Tensor | None:
+        """Output i of the reference (a copy: its buffers stay as they were) on the shape's inputs, each
+        floating-point element moved by one rounding step, up or down at random (a fixed seed): how far rounding
+        alone moves that output. Inputs of whole numbers (labels, counts, masks as floats) stay: a step down would
+        change what they mean. None where it does not fit or does not run."""
+        inputs = self.held[shape][1]
+        floats = [x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point() and not _whole(x)]
+        need = sum(x.numel() * x.element_size() for x in floats) + 2 * ref.numel() * ref.element_size()
+        if not floats or self.cuda and 2 * need > torch.cuda.mem_get_info(DEVICE)[0]:
+            return None
+        try:
+            generator = torch.Generator(device=floats[0].device).manual_seed(MOVED_SEED)
+            moved = []
+            for x in inputs:
+                if any(x is f for f in floats):
+                    step = torch.empty_like(x).bernoulli_(0.5, generator=generator).mul_(2).sub_(1)
+                    x = step.mul_(torch.finfo(x.dtype).eps).add_(1).mul_(x)
+                moved.append(x)
+            with torch.no_grad():
+                outputs = _flat(copy.deepcopy(self.models[shape])(*moved))
+            del moved
+        except Exception:  # out of memory, or a reference that refuses the moved inputs: judged without it
+            if self.cuda:
+                torch.cuda.empty_cache()
+            return None
+        out = outputs[i] if i < len(outputs) else None
+        return out if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(ref.shape) \
+            and out.dtype == ref.dtype else None
 
     def _float64_output(self, shape: str, i: int, ref: torch.Tensor) -> torch.Tensor | None:
         inputs = self.held[shape][1]
@@ -384,6 +419,11 @@ def _nbytes(values: list) -> int:
 def _large(values: list) -> bool:
     """More than LARGE_FRACTION of the GPU's memory."""
     return _nbytes(values) > torch.cuda.get_device_properties(DEVICE).total_memory * LARGE_FRACTION
+
+
+def _whole(x: torch.Tensor) -> bool:
+    """Every element a whole number (or not finite), a slice at a time."""
+    return all(torch.equal(part, part.round()) for part in x.reshape(-1).split(verify.CHUNK))
 
 
 def _flat(out) -> list[torch.Tensor]:

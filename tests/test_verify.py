@@ -82,3 +82,29 @@ def test_the_spread_trial_takes_every_non_negative_draw_and_keeps_its_order():
     assert torch.equal(plain[0].argsort(), spread[0].argsort())          # sorted boundaries stay sorted
     assert torch.equal(plain[1], spread[1]) and torch.equal(plain[2], spread[2])
     assert torch.equal(spread[0], make_inputs(module, 7, spread=True)[0])   # the same bits on both sides
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """float32 with TF32's 10-bit mantissa (the low 13 bits cleared), as a tensor core reads it."""
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def test_a_sum_that_cancels_allows_any_summation_order_but_not_lower_precision():
+    # KernelBench level 2's 14: (x @ W.T / 2).sum(1) * 1.5. Inductor sums W first, x @ W.sum(0): the same sum in
+    # another order, off by more than twice the reference at 1 of 128 elements, where thousands of terms cancel.
+    # The reference moves as far when its inputs move by one rounding step; TF32 rounds 2^13 times coarser.
+    torch.manual_seed(1)
+    x, w = torch.rand(128, 4096), torch.randn(4096, 4096)
+    reference = lambda x: (x @ w.T / 2).sum(1, keepdim=True) * 1.5  # noqa: E731
+    ref, exact = reference(x), (x.double() @ w.double().T / 2).sum(1, keepdim=True) * 1.5
+    step = torch.empty_like(x).bernoulli_(0.5, generator=torch.Generator().manual_seed(1)).mul_(2).sub_(1)
+    moved = reference(step.mul_(torch.finfo(x.dtype).eps).add_(1).mul_(x))
+    reordered = x @ w.sum(0, keepdim=True).T / 2 * 1.5
+    reasons, stats = verify.compare(reordered, ref)
+    assert reasons and stats["mismatches"] == 2
+    assert verify.against_float64(reordered, ref, exact, stats["atol"], stats["rtol"])[0] == 1
+    assert verify.against_float64(reordered, ref, exact, stats["atol"], stats["rtol"], moved)[0] == 0
+    tf32 = (_tf32(x) @ _tf32(w).T / 2).sum(1, keepdim=True) * 1.5
+    reasons, stats = verify.compare(tf32, ref)
+    bad, own, _ = verify.against_float64(tf32, ref, exact, stats["atol"], stats["rtol"], moved)
+    assert bad > 100 and own > 100

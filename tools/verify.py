@@ -16,7 +16,10 @@ follows the terms' magnitude, not the result's); a kernel that skips the op on n
 
 A float32 reference is itself rounded: over a long sum its error alone can exceed the tolerance, so an output
 outside it is judged once more against the reference computed in float64 (sandbox/referee.py, memory permitting):
-each element must be within its tolerance of that, or no further from it than twice the reference is there.
+each element must be within its tolerance of that, or no further from it than twice the reference is there, or
+than SENSITIVITY_FACTOR times the distance the float32 reference moves when its inputs move by one rounding step
+(where a sum's terms cancel, any other summation order is that far off, and the reference is only luckily near).
+Lower precision stays out: TF32 rounds 2^13 times coarser than float32, bfloat16 2^16 times.
 
 NaN and infinity must sit at the same positions (infinities with the same sign); they are left out of the numeric
 comparison. TF32 is off for reference and candidate alike (tools/numerics.py), so float32 means float32.
@@ -43,6 +46,7 @@ TOLERANCES = {
     torch.bfloat16: (2e-2, 2e-2),
 }
 CHUNK = 1 << 24  # elements per slice: 128 MiB as float64
+SENSITIVITY_FACTOR = 8.0  # against_float64: allowed distance, in units of the reference's own rounding sensitivity
 FAST_MARGIN = 1 - 1e-3  # the first pass accepts |out - ref| <= 0.999 * (atol + rtol |ref|): float32 error is ~1e-7
 
 
@@ -172,11 +176,12 @@ def _exact(out: torch.Tensor, ref: torch.Tensor, index: int, atol: float, rtol: 
 
 
 def against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, atol: float,
-                    rtol: float) -> tuple[int, float, float]:
+                    rtol: float, moved: torch.Tensor | None = None) -> tuple[int, float, float]:
     """The output judged against the float64 truth, element by element: how many elements are further from it than
-    both their tolerance (atol + rtol |exact|) and twice the reference's own distance there; and, for the reasons,
-    the largest distance of the output and of the reference, in tolerances. Elements not finite in all three are
-    left out (NaN and infinity positions were compared already)."""
+    their tolerance (atol + rtol |exact|), twice the reference's own distance there, and SENSITIVITY_FACTOR times
+    |moved - ref| (moved: the float32 reference on inputs moved by one rounding step; None: not known); and, for
+    the reasons, the largest distance of the output and of the reference, in tolerances. Elements not finite in
+    all of them are left out (NaN and infinity positions were compared already)."""
     bad = torch.zeros((), dtype=torch.int64, device=ref.device)
     own = torch.zeros((), dtype=torch.float64, device=ref.device)
     theirs = torch.zeros((), dtype=torch.float64, device=ref.device)
@@ -186,10 +191,15 @@ def against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, a
         finite = torch.isfinite(o) & torch.isfinite(r) & torch.isfinite(e)
         tol = e.abs().mul_(rtol).add_(atol)
         d_own, d_ref = (o - e).abs_().masked_fill_(~finite, 0.0), (r - e).abs_().masked_fill_(~finite, 0.0)
-        bad += (d_own > torch.maximum(tol, 2 * d_ref)).sum()
+        allowed = torch.maximum(tol, 2 * d_ref)
+        if moved is not None:
+            m = _rows(moved, start, stop).double()
+            allowed = torch.maximum(allowed, (m - r).abs_().mul_(SENSITIVITY_FACTOR).nan_to_num_(nan=0.0, posinf=0.0))
+            del m
+        bad += (d_own > allowed).sum()
         own = torch.maximum(own, (d_own / tol).max()) if d_own.numel() else own
         theirs = torch.maximum(theirs, (d_ref / tol).max()) if d_ref.numel() else theirs
-        del o, r, e, finite, tol, d_own, d_ref
+        del o, r, e, finite, tol, d_own, d_ref, allowed
     return int(bad), float(own), float(theirs)
 
 
