@@ -291,6 +291,36 @@ def test_generated_starters_for_a_gemm_template_and_a_tiled_transpose_are_verifi
         assert result.verdict == "correct", result.reasons
 
 
+def test_the_main_shape_runs_kernels_compiled_for_its_sizes_and_any_other_shape_the_dynamic_ones():
+    """Softmax over 1000 columns: for the main shape's static sizes Inductor makes a persistent reduction (the row in
+    one block); for dynamic sizes it cannot prove the row short enough and loops over it. The main kernels' tunables
+    are the searched ones; both paths compute the reference, and the evaluator credits the starter."""
+    from agent.kernels.starter_tune import _loaded
+    from sandbox.evaluate import evaluate
+
+    generated = inductor.generate("softmax", small=True)
+    dynamic = [k for k in generated.kernels if not k.endswith("_main")]
+    assert [k.startswith("triton_red_") for k in dynamic] == [True]
+    assert [k for k in generated.kernels if k.endswith("_main")] == ["triton_per_fused__softmax_0_main"]
+    assert sorted(generated.tunables) == ["K1_NUM_WARPS", "K1_XBLOCK"]         # the main kernel's only
+    assert {"K0_XBLOCK", "K0_R0_BLOCK"} <= set(generated.defaults)             # the dynamic one keeps its first
+    # the interpreter runs libdevice's CPU stand-in, as the evaluator's executor does (sandbox/executor.py)
+    cpu_source = generated.source.replace("from triton.language.extra import libdevice",
+                                          "import sandbox.libdevice_cpu as libdevice")
+    with _loaded(cpu_source) as module:
+        assert module._MAIN_LAYOUT == (((64, 1000), (1000, 1), 0, "torch.float32"),)
+        called = []
+        for name in ("_inductor_call", "_inductor_call_main"):
+            original = getattr(module, name)
+            setattr(module, name, lambda args, device, name=name, original=original:
+                    called.append(name) or original(args, device))
+        for x in (torch.randn(64, 1000), torch.randn(33, 517)):   # the main shape, a hidden variant's kind
+            torch.testing.assert_close(module.ModelNew()(x), torch.softmax(x, dim=1))
+        assert called == ["_inductor_call_main", "_inductor_call"]
+    result = evaluate(load_target("softmax"), generated.source)
+    assert result.verdict == "correct", result.reasons
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec, expect", [
     ("tests/targets/kb_conv_transpose_gelu.py", "_conv("),     # conv + fused epilogue: channels change in variants

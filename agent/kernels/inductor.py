@@ -23,7 +23,12 @@ construction stay constants (Dynamo specializes them). The candidate holds:
   `reinterpret_tensor` an `as_strided` view, each `kernel.run(...)` a launcher call; device guards and stream
   look-ups are dropped;
 - the reference's own source (minus get_inputs/get_init_inputs and KLOOP_* settings), so that `ModelNew(Model)`
-  builds the same parameters; its `forward` passes them with the inputs to the translated wrapper.
+  builds the same parameters; its `forward` passes them with the inputs to the translated wrapper;
+- a second set of kernels and wrapper (`*_main`, `_inductor_call_main`), traced with the main shape's static sizes
+  as torch.compile compiles a first call, which `forward` runs on exactly that layout (`_MAIN_LAYOUT`): a symbolic
+  size keeps Inductor from choices it makes for a known one (online softmax needs a row proven long enough). These
+  kernels' tunables are the searched ones; the dynamic kernels serve every other shape at Inductor's first
+  configuration.
 
 Matmuls become Triton only through Inductor's templates: generation runs with max-autotune for GEMMs restricted to
 the TRITON backend (on a GPU this benchmarks the template configurations, as torch.compile's max-autotune does).
@@ -208,9 +213,10 @@ def _configure(cuda: bool) -> None:
         inductor_config.deterministic = True
 
 
-def capture(model, inputs: list) -> tuple[str, list[str]]:
+def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
     """Inductor's wrapper module source for `model(*inputs)`, and the Dynamo source of each graph input
-    (`L['args'][i]`, `L['args'][i].size()[d]`): the translated wrapper's `args`, in order."""
+    (`L['args'][i]`, `L['args'][i].size()[d]`): the translated wrapper's `args`, in order. dynamic: sizes as
+    arguments (the kernels serve every shape); else those of `inputs`, as torch.compile compiles a first call."""
     import torch
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
@@ -254,7 +260,7 @@ def capture(model, inputs: list) -> tuple[str, list[str]]:
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
             _traceable_ops():
-        torch.compile(flat, backend=backend, dynamic=True, fullgraph=False)(*weights, *inputs)
+        torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
     if len(graphs) != 1 or len(codes) != 1:
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
                         "starter needs one")
@@ -670,8 +676,8 @@ class _CallTranslator(ast.NodeTransformer):
         return node
 
 
-def translate_call(wrapper: str, kernels: dict[str, int]) -> str:
-    """Inductor's `call(args)` as `_inductor_call(args, device)`: allocations, views, launches. NoStarter where
+def translate_call(wrapper: str, kernels: dict[str, int], function: str = "_inductor_call") -> str:
+    """Inductor's `call(args)` as `<function>(args, device)`: allocations, views, launches. NoStarter where
     it calls anything else (a library: extern_kernels.mm; a PyTorch fallback: aten.*)."""
     tree = ast.parse(wrapper)
     call = None
@@ -681,9 +687,9 @@ def translate_call(wrapper: str, kernels: dict[str, int]) -> str:
     if call is None:
         raise NoStarter("Inductor's wrapper has no call(args) function")
     body = _CallTranslator(kernels).visit(ast.Module(body=call.body, type_ignores=[]))
-    function = ast.parse("def _inductor_call(args, device):\n    pass\n").body[0]
-    function.body = body.body or function.body
-    source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[]))) + "\n"
+    definition = ast.parse(f"def {function}(args, device):\n    pass\n").body[0]
+    definition.body = body.body or definition.body
+    source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[definition], type_ignores=[]))) + "\n"
     allowed = {"_empty_strided", "_reinterpret_tensor", CONV_LAUNCHER, "len", "max", "min", "abs", "int"} | \
         {f"_launch_{i}" for i in kernels.values()}
     for node in ast.walk(ast.parse(source)):
@@ -766,24 +772,52 @@ def _empty_strided(device, size, stride, dtype):
 def _reinterpret_tensor(t, size, stride, offset):
     return t.as_strided(size, stride, t.storage_offset() + offset)
 ''',
+    "_layout": '''
+def _layout(values):
+    return tuple((tuple(v.shape), tuple(v.stride()), v.storage_offset(), str(v.dtype))
+                 if isinstance(v, torch.Tensor) else v for v in values)
+''',
 }
 
 
-def build_candidate(wrapper: str, sources: list[str], reference_source: str, single_output: bool,
-                    interpreter: bool = False) -> Generated:
-    """The standalone candidate module from Inductor's wrapper source and its graph inputs (interpreter: for the
-    CPU interpreter, see INTERPRETER_TILE)."""
-    from agent.kernels import inductor_conv
+def layout(values: list) -> tuple:
+    """What the main-shape kernels were compiled for, as the candidate's `_layout` computes it from `flat`."""
+    import torch
 
-    tree = ast.parse(wrapper)
-    texts: dict[str, str] = {}
-    for node in tree.body:
+    return tuple((tuple(v.shape), tuple(v.stride()), v.storage_offset(), str(v.dtype))
+                 if isinstance(v, torch.Tensor) else v for v in values)
+
+
+def _kernel_texts(wrapper: str) -> dict[str, str]:
+    """Each `name = async_compile.triton('name', source, ...)` of Inductor's wrapper: name -> source."""
+    texts = {}
+    for node in ast.parse(wrapper).body:
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                 and ast.unparse(node.value.func) == "async_compile.triton"):
             name, text = (a.value for a in node.value.args[:2])
             texts[name] = text
+    return texts
+
+
+def build_candidate(wrapper: str, sources: list[str], reference_source: str, single_output: bool,
+                    interpreter: bool = False, main: tuple[str, list[str], tuple] | None = None) -> Generated:
+    """The standalone candidate module from Inductor's wrapper source and its graph inputs (interpreter: for the
+    CPU interpreter, see INTERPRETER_TILE). main: Inductor's wrapper and graph inputs for the main shape compiled
+    with static sizes, and that shape's `layout`; the candidate runs those kernels on exactly that layout (their
+    tunables are the starter's) and the dynamic ones on any other."""
+    from agent.kernels import inductor_conv
+
+    texts = _kernel_texts(wrapper)
     index = {name: i for i, name in enumerate(texts)}
     call = translate_call(wrapper, index)  # first: a library call is the reason, also where no Triton was made
+    if main is not None:
+        main_wrapper, main_sources, main_layout = main
+        for name in _kernel_texts(main_wrapper):  # Inductor names them as it named the dynamic ones
+            main_wrapper = re.sub(rf"\b{re.escape(name)}\b", f"{name}_main", main_wrapper)
+        main_texts = _kernel_texts(main_wrapper)
+        main_index = {name: len(texts) + i for i, name in enumerate(main_texts)}
+        call += "\n\n" + translate_call(main_wrapper, main_index, "_inductor_call_main")
+        texts.update(main_texts)
     convolves = re.search(rf"\b{CONV_LAUNCHER}\(", call) is not None
     if not texts and not convolves:
         raise NoStarter("Inductor generated no Triton kernel for this reference (its code only allocates, views "
@@ -806,19 +840,17 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
         tunables.update({name: _with_default(values, conv_defaults[name])
                          for name, values in inductor_conv.TUNABLES.items()})
         defaults.update(conv_defaults)
+    searched = range(len(index), len(kernels)) if main is not None else range(len(kernels))
     for i, k in enumerate(kernels):
         t, d = kernel_tunables(i, k, interpreter)
-        tunables.update(t)
         defaults.update(d)
-        choices.append(kernel_choices(i, k, d))
+        if i in searched:  # with a main path, the dynamic kernels (other shapes: never timed) keep Inductor's first
+            tunables.update(t)
+            choices.append(kernel_choices(i, k, d))
     if convolves:
         choices.append(_distinct([dict(conv_defaults)] + inductor_conv.CONFIGS))
     if interpreter:  # nothing is timed under the interpreter
         choices = []
-    arguments = argument_expressions(sources)
-    first_tensor = next((i for i, s in enumerate(sources) if _SOURCE.match(s).group(2) is None
-                         and not s.endswith(")")), None)
-    device = f"{arguments[first_tensor]}.device" if first_tensor is not None else "None"
     parts = [PRELUDE]
     parts.append("\n".join(f"{name} = {value!r}" for name, value in defaults.items()) + "\n")
     parts += [f"\n@triton.jit\n{src.split(chr(10), 1)[1]}" for src in helpers.values()]
@@ -826,7 +858,15 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     parts += ["\n" + launcher(i, k) for i, k in enumerate(kernels)]
     if convolves:
         parts.append("\n" + inductor_conv.candidate_source())
-    code = "\n".join(parts[1:] + [call])
+    body = _call_expression(sources, "_inductor_call")
+    if main is not None:
+        body = (f"if _layout(flat) == _MAIN_LAYOUT:  # the shape the main kernels were compiled for\n"
+                f"            outs = {_call_expression(main_sources, '_inductor_call_main')}\n"
+                f"        else:\n            outs = {body}")
+        call = f"_MAIN_LAYOUT = {main_layout!r}\n\n\n" + call
+    else:
+        body = f"outs = {body}"
+    code = "\n".join(parts[1:] + [call, body])
     parts += [helper for name, helper in RUNTIME.items() if re.search(rf"\b{name}\(", code)]
     parts.append("\n" + call)
     parts.append("\n# -- the reference's module (for Model's parameters) " + "-" * 60 + "\n")
@@ -839,17 +879,29 @@ class ModelNew(Model):
 
     def forward(self, *inputs):
         flat = list(self.parameters()) + list(self.buffers()) + list(inputs)
-        outs = _inductor_call([{", ".join(arguments)}], {device})
+        {body}
         return {result}
 ''')
     source = "\n".join(p.rstrip("\n") + "\n" for p in parts)
     names = ", ".join(k.name for k in kernels)
     notes = (f"torch.compile (Inductor) Triton for the reference: {len(kernels)} kernel(s) ({names}), made "
              "standalone; its block sizes, warps and stages are tunables")
+    if main is not None:
+        notes += (f"; the main shape runs the kernels Inductor compiled for its sizes (K{len(index)} on, the "
+                  "tunables), any other shape those compiled for dynamic sizes (Inductor's first configuration)")
     if convolves:
         notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time), "
                   "tuned by the CONV_* constants")
     return Generated(source, tunables, defaults, notes, [k.name for k in kernels], choices)
+
+
+def _call_expression(sources: list[str], function: str) -> str:
+    """`<function>([graph inputs over flat], <device>)`, as ModelNew.forward calls the translated wrapper."""
+    arguments = argument_expressions(sources)
+    first_tensor = next((i for i, s in enumerate(sources) if _SOURCE.match(s).group(2) is None
+                         and not s.endswith(")")), None)
+    device = f"{arguments[first_tensor]}.device" if first_tensor is not None else "None"
+    return f"{function}([{', '.join(arguments)}], {device})"
 
 
 def generate_here(target_spec: str, small: bool) -> Generated:
@@ -858,7 +910,6 @@ def generate_here(target_spec: str, small: bool) -> Generated:
     import torch
 
     from tools.inputs import DEVICE, make_inputs
-    from tools.rules import check_source
     from tools.target import TargetError, load_target
 
     try:
@@ -889,14 +940,29 @@ def generate_here(target_spec: str, small: bool) -> Generated:
         message = " ".join(str(e).split())[:300]
         raise NoStarter(f"torch.compile could not generate code for the reference: {type(e).__name__}: {message}") \
             from None
-    generated = build_candidate(wrapper, sources, target.source, single, interpreter=DEVICE.type != "cuda")
+    interpreter = DEVICE.type != "cuda"
+    generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter))
+    try:  # the main shape's own kernels, as torch.compile makes them: where it falls short, dynamic ones serve it
+        main_wrapper, main_sources = capture(model, inputs, dynamic=False)
+        main = (main_wrapper, main_sources, layout(list(model.parameters()) + list(model.buffers()) + inputs))
+        generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter, main))
+    except Exception as e:  # noqa: BLE001
+        message = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        generated = replace(generated, notes=f"{generated.notes}; no kernels of the main shape's own ({message})")
+    return _timed(generated, module, model, inputs, out) if DEVICE.type == "cuda" else generated
+
+
+def _checked(generated: Generated) -> Generated:
+    """generated, if it parses and keeps the rules (tools/rules.py); else NoStarter."""
+    from tools.rules import check_source
+
     try:
         reasons = check_source(generated.source)
     except SyntaxError as e:
         raise NoStarter(f"the generated candidate does not parse: {e}") from None
     if reasons:
         raise NoStarter(f"the generated candidate breaks a rule: {reasons[0]}")
-    return _timed(generated, module, model, inputs, out) if DEVICE.type == "cuda" else generated
+    return generated
 
 
 def _timed(generated: Generated, module, model, inputs: list, expected) -> Generated:
