@@ -171,6 +171,33 @@ def test_a_straggling_generation_is_left_for_later_and_generated_again_alone(tmp
     assert store.db.execute("select count(*), count(starter) from suite_starters").fetchone() == (4, 4)
 
 
+def test_a_generation_that_waited_for_memory_is_no_straggler(tmp_path, monkeypatch):
+    """Two at a time fit the GPU's memory: the second pair starts when the first ends, past the straggler limit
+    counted from the batch's start; counted from their own start they are quick, and none is given up."""
+    from agent import suite
+    from agent.kernels import inductor
+
+    def fake_generate(spec, visible=None, give_up=None):
+        if give_up.wait(0.6 if Path(spec).stem in ("1_Op", "2_Op") else 0.3):
+            raise inductor.GenerationStopped("generation given up (a straggler)")
+        return inductor.Generated(source="# kernel", defaults={}, tunables={}, notes="fake", kernels=[])
+
+    monkeypatch.setattr(inductor, "generate", fake_generate)
+    monkeypatch.setattr(suite, "STRAGGLER_AFTER_S", 0.5)
+    monkeypatch.setattr(suite, "STRAGGLER_FACTOR", 0.1)
+    monkeypatch.setattr(suite, "generation_memory", lambda gpu: 4 << 30)
+    monkeypatch.setattr(suite, "generation_bytes", lambda problem: 2 << 30)
+    for i in range(4):
+        (tmp_path / "set" / f"{i + 1}_Op.py").parent.mkdir(exist_ok=True)
+        (tmp_path / "set" / f"{i + 1}_Op.py").write_text(MODULE.replace("x + 1", f"x + {i}"))
+    store = open_db(tmp_path / "s.db")
+    suite.ensure_tables(store)
+    events = []
+    assert suite.prepare_starters(store, SuitePlan(discover([tmp_path / "set"]), jobs=4), events.append) == []
+    assert sorted(e["problem"] for e in events if e["kind"] == "starter" and e["ok"]) == ["1_Op", "2_Op", "3_Op",
+                                                                                         "4_Op"]
+
+
 def test_a_lane_runs_the_problems_whose_starters_are_ready_first(tmp_path, monkeypatch):
     """A chunk whose second problem's starter was left for later: the others run first, then its starter is
     generated alone, then it runs; the order of the plan is kept otherwise."""
