@@ -781,11 +781,12 @@ def _layout(values):
 
 
 def layout(values: list) -> tuple:
-    """What the main-shape kernels were compiled for, as the candidate's `_layout` computes it from `flat`."""
+    """What the main-shape kernels were compiled for: the candidate's own `_layout` of `flat`."""
     import torch
 
-    return tuple((tuple(v.shape), tuple(v.stride()), v.storage_offset(), str(v.dtype))
-                 if isinstance(v, torch.Tensor) else v for v in values)
+    namespace = {"torch": torch}
+    exec(RUNTIME["_layout"], namespace)  # noqa: S102 (kloop's own helper, the one the candidate carries)
+    return namespace["_layout"](values)
 
 
 def _kernel_texts(wrapper: str) -> dict[str, str]:
