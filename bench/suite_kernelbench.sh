@@ -16,7 +16,9 @@
 #
 # Writes to $OUT, 7 files: report/{report.md, problems.csv, report.json, speedups.png, sol.png} (outcome.png
 # instead of the last two without a GPU), suite.db.gz (the database: gunzip it, or carry it back as DB.gz),
-# suite.log (everything printed). The last lines printed are the report's numbers.
+# suite.log (everything printed). The last lines printed are the report's numbers. A lent GPU machine returns at
+# most 8 files a call: two suites in one call lose the second's log and report (its database redraws the report:
+# `kloop suite ... --report-only`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KB=${1:?usage: bench/suite_kernelbench.sh KERNELBENCH [DB]}
