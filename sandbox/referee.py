@@ -282,47 +282,51 @@ class Referee:
         alone moves that output. Inputs of whole numbers (labels, counts, masks as floats) stay: a step down would
         change what they mean. None where it does not fit or does not run."""
         inputs = self.held[shape][1]
-        floats = [x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point() and not _whole(x)]
-        need = sum(x.numel() * x.element_size() for x in floats) + 2 * ref.numel() * ref.element_size()
-        if not floats or self.cuda and 2 * need > torch.cuda.mem_get_info(DEVICE)[0]:
+        moving = {id(x): x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point() and not _whole(x)}
+        if not moving:
             return None
-        try:
-            generator = torch.Generator(device=floats[0].device).manual_seed(MOVED_SEED)
+
+        def run():
+            generator = torch.Generator(device=next(iter(moving.values())).device).manual_seed(MOVED_SEED)
             moved = []
             for x in inputs:
-                if any(x is f for f in floats):
+                if id(x) in moving:
                     step = torch.empty_like(x).bernoulli_(0.5, generator=generator).mul_(2).sub_(1)
                     x = step.mul_(torch.finfo(x.dtype).eps).add_(1).mul_(x)
                 moved.append(x)
-            with torch.no_grad():
-                outputs = _flat(copy.deepcopy(self.models[shape])(*moved))
-            del moved
-        except Exception:  # out of memory, or a reference that refuses the moved inputs: judged without it
+            return copy.deepcopy(self.models[shape])(*moved)
+
+        need = sum(x.numel() * x.element_size() for x in moving.values()) + 2 * ref.numel() * ref.element_size()
+        return self._another_run(shape, i, ref, need, run)
+
+    def _float64_output(self, shape: str, i: int, ref: torch.Tensor) -> torch.Tensor | None:
+        inputs = self.held[shape][1]
+
+        def run():
+            if shape not in self.doubles:
+                self.doubles[shape] = copy.deepcopy(self.models[shape]).double()
+            wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+            return self.doubles[shape](*wide)   # a float64 input is its own wide copy: watched
+
+        need = 8 * (sum(x.numel() for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point())
+                    + 2 * ref.numel())
+        return self._another_run(shape, i, ref, need, run)
+
+    def _another_run(self, shape: str, i: int, ref: torch.Tensor, need: int, run) -> torch.Tensor | None:
+        """Output i of `run()`, a run of the reference other than the trial's (in float64, on moved inputs), with
+        the shape's inputs watched; None where twice `need` bytes are not free on the GPU, where it fails (out of
+        memory, an op without float64, a reference that refuses the inputs), or where output i has another shape."""
+        if self.cuda and 2 * need > torch.cuda.mem_get_info(DEVICE)[0]:
+            return None
+        try:
+            with self._watched_inputs(shape), torch.no_grad():
+                outputs = _flat(run())
+        except Exception:
             if self.cuda:
                 torch.cuda.empty_cache()
             return None
         out = outputs[i] if i < len(outputs) else None
-        return out if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(ref.shape) \
-            and out.dtype == ref.dtype else None
-
-    def _float64_output(self, shape: str, i: int, ref: torch.Tensor) -> torch.Tensor | None:
-        inputs = self.held[shape][1]
-        need = 8 * (sum(x.numel() for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point())
-                    + 2 * ref.numel())
-        if self.cuda and 2 * need > torch.cuda.mem_get_info(DEVICE)[0]:
-            return None
-        try:
-            if shape not in self.doubles:
-                self.doubles[shape] = copy.deepcopy(self.models[shape]).double()
-            wide = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-            with self._watched_inputs(shape), torch.no_grad():   # a float64 input is its own wide copy
-                outputs = _flat(self.doubles[shape](*wide))
-        except Exception:  # out of memory, or an op without float64: judged as it stands
-            if self.cuda:
-                torch.cuda.empty_cache()
-            return None
-        exact = outputs[i] if i < len(outputs) else None
-        return exact if isinstance(exact, torch.Tensor) and tuple(exact.shape) == tuple(ref.shape) else None
+        return out if isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(ref.shape) else None
 
     def _open(self, desc: dict, directory: str | None, original: dict | None = None) -> torch.Tensor:
         dtype = desc.get("dtype")

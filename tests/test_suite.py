@@ -98,6 +98,18 @@ def test_discover_and_plans_refuse_bad_input_in_one_line(checkout, tmp_path):
     assert not db.exists()
 
 
+def _four_sources(tmp_path):
+    """Four problems of four sources (a starter is kept per source), their store and a plan generating 4 at once."""
+    from agent import suite
+
+    for i in range(4):
+        (tmp_path / "set").mkdir(exist_ok=True)
+        (tmp_path / "set" / f"{i + 1}_Op.py").write_text(MODULE.replace("x + 1", f"x + {i}"))
+    store = open_db(tmp_path / "s.db")
+    suite.ensure_tables(store)
+    return store, SuitePlan(discover([tmp_path / "set"]), jobs=4)
+
+
 @pytest.mark.parametrize("budget_gib, most_at_once", [(3, 1), (5, 2), (None, 4)])
 def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypatch, budget_gib, most_at_once):
     """Four 2 GiB generations with --jobs 4: as many at once as the free memory holds (all four without a GPU)."""
@@ -121,13 +133,9 @@ def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypat
     monkeypatch.setattr(inductor, "generate", fake_generate)
     monkeypatch.setattr(suite, "generation_memory", lambda gpu: None if budget_gib is None else budget_gib << 30)
     monkeypatch.setattr(suite, "generation_bytes", lambda problem: 2 << 30)
-    for i in range(4):   # four sources (a starter is kept per source)
-        (tmp_path / "set" / f"{i + 1}_Op.py").parent.mkdir(exist_ok=True)
-        (tmp_path / "set" / f"{i + 1}_Op.py").write_text(MODULE.replace("x + 1", f"x + {i}"))
-    store = open_db(tmp_path / "s.db")
-    suite.ensure_tables(store)
+    store, plan = _four_sources(tmp_path)
     events = []
-    suite.prepare_starters(store, SuitePlan(discover([tmp_path / "set"]), jobs=4), events.append)
+    suite.prepare_starters(store, plan, events.append)
     assert len(events) == 4 and all(e["error"] == "fake" for e in events)
     assert max(most) == most_at_once
 
@@ -152,12 +160,7 @@ def test_a_straggling_generation_is_left_for_later_and_generated_again_alone(tmp
 
     monkeypatch.setattr(inductor, "generate", fake_generate)
     monkeypatch.setattr(suite, "STRAGGLER_AFTER_S", 0.5)
-    for i in range(4):
-        (tmp_path / "set" / f"{i + 1}_Op.py").parent.mkdir(exist_ok=True)
-        (tmp_path / "set" / f"{i + 1}_Op.py").write_text(MODULE.replace("x + 1", f"x + {i}"))
-    store = open_db(tmp_path / "s.db")
-    suite.ensure_tables(store)
-    plan = SuitePlan(discover([tmp_path / "set"]), jobs=4)
+    store, plan = _four_sources(tmp_path)
     events = []
     began = time.monotonic()
     later = suite.prepare_starters(store, plan, events.append)
@@ -187,13 +190,9 @@ def test_a_generation_that_waited_for_memory_is_no_straggler(tmp_path, monkeypat
     monkeypatch.setattr(suite, "STRAGGLER_FACTOR", 0.1)
     monkeypatch.setattr(suite, "generation_memory", lambda gpu: 4 << 30)
     monkeypatch.setattr(suite, "generation_bytes", lambda problem: 2 << 30)
-    for i in range(4):
-        (tmp_path / "set" / f"{i + 1}_Op.py").parent.mkdir(exist_ok=True)
-        (tmp_path / "set" / f"{i + 1}_Op.py").write_text(MODULE.replace("x + 1", f"x + {i}"))
-    store = open_db(tmp_path / "s.db")
-    suite.ensure_tables(store)
+    store, plan = _four_sources(tmp_path)
     events = []
-    assert suite.prepare_starters(store, SuitePlan(discover([tmp_path / "set"]), jobs=4), events.append) == []
+    assert suite.prepare_starters(store, plan, events.append) == []
     assert sorted(e["problem"] for e in events if e["kind"] == "starter" and e["ok"]) == ["1_Op", "2_Op", "3_Op",
                                                                                          "4_Op"]
 
