@@ -159,6 +159,20 @@ def test_the_float64_judgement_lets_no_element_through_on_another_ones_slack(ses
     assert "against the reference computed in float64, 1 elements are further" in r.reasons[0], r.reasons
 
 
+def test_a_cancelling_sum_in_another_order_is_credited_and_in_lower_precision_is_not(session):
+    """The float64 judgement allows a cancelling sum 8 times the reference's own move under a rounding step of its
+    inputs: the honest reordering of that sum is credited (whether an element lands beyond the tolerance of the
+    reference depends on the evaluation's secret seed: tests/test_verify.py pins one that does), the same kernel on
+    TF32-cut operands is not."""
+    target = load_target(str(TARGETS / "kb_cancelling_sum.py"))
+    r = judge(target, "honest_reordered_sum", session)
+    assert r.verdict == "correct" and r.correctness.shapes >= 2, r.reasons
+    r = judge(target, "tf32_reordered_sum", session)
+    assert r.verdict == "incorrect", r.reasons
+    assert "against the reference computed in float64" in r.reasons[0] and "move under a rounding step" in \
+        r.reasons[0], r.reasons
+
+
 @pytest.mark.parametrize("name, verdict, why", [
     ("thread_torch", "incorrect", "NaN positions differ"),        # the thread's work is not in the plan
     ("frames_pause", "incorrect", "outlives the call"),           # silencing the recorder changes nothing
