@@ -89,6 +89,18 @@ def test_roofline_without_gpu_peaks_and_bad_dtype():
         roofline(1, 1, H200, 1.0, "fp8")
 
 
+def test_fp32_speed_of_light_counts_3xtf32_on_tensor_cores():
+    # KernelBench level 2's 53 on an H200: a 2048 x 8192 x 8192 fp32 GEMM in 3xTF32 took 3539 us, 116% of the FMA
+    # peak's 4103 us; a third of the TF32 peak (164.7 TFLOP/s) bounds it at 1669 us
+    gpu = {**H200, "peak_tflops_tf32": 494.0}
+    flops = 2 * 2048 * 8192 * 8192
+    result = roofline(4 * (2048 * 8192 * 2 + 8192 * 8192), flops, gpu, time_us=3539.0, dtype=torch.float32)
+    assert result["bound"] == "compute" and result["peak_tflops"] == pytest.approx(494.0 / 3)
+    assert result["sol_us"] == pytest.approx(flops / (494e6 / 3))
+    assert result["sol_fraction"] == pytest.approx(0.4716, rel=1e-3)
+    assert roofline(0, flops, gpu, 1.0, torch.bfloat16)["peak_tflops"] == 989.0   # other dtypes: their own peak
+
+
 def test_peak_table_prefers_the_specific_name():
     assert peak_tflops_for("NVIDIA H100 80GB HBM3")["bf16"] == 989.0
     assert peak_tflops_for("NVIDIA H100 PCIe")["bf16"] == 756.0

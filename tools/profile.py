@@ -31,6 +31,10 @@ PEAK_TFLOPS = (
     ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
 )
 PEAK_DTYPES = ("bf16", "fp16", "tf32", "fp32")
+# fp32 at about fp32's accuracy also runs on tensor cores: 3xTF32 splits each operand into two TF32 parts and sums
+# three TF32 products (the evaluator credits it), so fp32's speed of light is the faster of the FMA peak and a third
+# of the TF32 peak (an fp32 GEMM in 3xTF32 reached 116% of the FMA peak on an H200: KernelBench level 2's 53).
+TF32_PRODUCTS_PER_FP32 = 3
 
 # NVML clock-event ("throttle") reason bits.
 CLOCK_EVENT_REASONS = {
@@ -372,10 +376,14 @@ def roofline(bytes_moved: int, flops: int, gpu: dict | None, time_us: float | No
     """Speed of light: the time the GPU's peak bandwidth or peak FLOP rate allows, whichever is longer.
 
     Without a known FLOP peak for the dtype (fp64, integers, a GPU not in the table) only the memory bound counts.
+    fp32's peak is the FMA units' or 3xTF32's on the tensor cores, whichever is higher (TF32_PRODUCTS_PER_FP32).
     """
     key = _dtype_key(dtype)
     peak_gbps = (gpu or {}).get("peak_gbps")
     peak_tflops = (gpu or {}).get(f"peak_tflops_{key}") if key else None
+    tf32 = (gpu or {}).get("peak_tflops_tf32")
+    if key == "fp32" and tf32:
+        peak_tflops = max(peak_tflops or 0.0, tf32 / TF32_PRODUCTS_PER_FP32)
     memory_us = bytes_moved / (peak_gbps * 1e3) if peak_gbps else None          # GB/s = 1e3 bytes/us
     compute_us = flops / (peak_tflops * 1e6) if peak_tflops and flops else 0.0  # TFLOP/s = 1e6 flop/us
     if memory_us is None:
