@@ -12,6 +12,13 @@ never changes what a kernel computes, only its summation order); one that fails 
 over; a first setting further from the reference than FIRST_ERROR_LIMIT leaves the starter untuned. Tuning stops
 trying more settings after TUNE_BUDGET_S.
 
+A suite generates several starters side by side on one GPU, and the others' references, compiles and Inductor's
+own autotuning run kernels there while a setting is timed (the lock below keeps out only the others' timings).
+Such a kernel stretches the timings it overlaps: on an H200, 10's fp32 GEMM timed 5.94 ms at generation and ran in
+1.16 ms in the evaluator, so a slower setting was kept. So each setting is timed ROUNDS times, round-robin across
+the group's settings (spread over time, as the disturbances are not), and its fastest time counts; within a
+timing too the fastest repetition counts.
+
     >>> tuned = tune(generated, lambda cls: cls(), inputs, expected)   # on a GPU, in the generating child
 """
 from __future__ import annotations
@@ -32,15 +39,16 @@ TUNE_BUDGET_S = 120.0
 ERROR_FLOOR = 1e-5   # relative to the largest reference value: rounding of a changed summation order
 CHUNK = 1 << 24      # elements compared at a time
 FIRST_ERROR_LIMIT = 1e-2   # the first setting further than this from the reference: no tuning (half precision fits)
+ROUNDS = 3         # timings of each setting, round-robin; the fastest counts
 
 
 def gpu_time_ms(fn: Callable[[], object]) -> float:
-    """Median milliseconds of fn on the GPU (Triton's do_bench, cache flushed between calls), timed while no other
-    generation on this GPU times (a suite generates several starters side by side)."""
+    """The fastest of fn's repetitions on the GPU, in milliseconds (Triton's do_bench, cache flushed between calls),
+    timed while no other generation on this GPU times (a suite generates several starters side by side)."""
     from triton.testing import do_bench
 
     with _timing_alone():
-        return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+        return float(do_bench(fn, warmup=10, rep=50, return_mode="min"))
 
 
 @contextlib.contextmanager
@@ -76,17 +84,19 @@ def tune(generated, make_model: Callable[[type], torch.nn.Module], inputs: list,
             deadline = time.monotonic() + budget_s
             notes = []
             for group in groups:
-                timed = []
-                for setting in group:
-                    if time.monotonic() > deadline:
-                        break
-                    vars(module).update({**chosen, **setting})
-                    try:
-                        if _error(run(), expected) > allowed:
+                fastest: dict[int, float] = {}   # a setting's index in the group -> its fastest time
+                for round_ in range(ROUNDS):
+                    for i, setting in enumerate(group):
+                        if time.monotonic() > deadline or (round_ and i not in fastest):
                             continue
-                        timed.append((measure(run), setting))
-                    except Exception:  # a configuration that does not compile or launch here (resources)
-                        continue
+                        vars(module).update({**chosen, **setting})
+                        try:
+                            if not round_ and _error(run(), expected) > allowed:
+                                continue
+                            fastest[i] = min(fastest.get(i, math.inf), measure(run))
+                        except Exception:  # a configuration that does not compile or launch here (resources)
+                            continue
+                timed = [(ms, group[i]) for i, ms in sorted(fastest.items())]
                 if timed:
                     first_ms = timed[0][0] if timed[0][1] == group[0] else math.inf
                     best_ms, best = min(timed, key=lambda t: t[0])
