@@ -13,8 +13,9 @@ Bookkeeping lives in two tables of the run database, beside runs/attempts/messag
 - `suite_starters`: the offline policy's Inductor starters (agent/kernels/inductor.py), or the reason there is
   none, per problem source, device kind and torch version. They are generated `jobs` problems at a time, in
   parallel child processes, just before those problems run (never while a kernel is timed), so a suite stopped by
-  its budget has results for its first problems, and a resumed suite reuses them. A straggling generation, or one
-  that ran out of memory beside others, is generated again alone after the batch's other problems have run.
+  its budget has results for its first problems, and a resumed suite reuses them (and runs the problems whose
+  starters it kept before it generates the rest of their chunk). A straggling generation, or one that ran out of
+  memory beside others, is generated again alone after the batch's other problems have run.
 
 Lanes: with --gpus naming several GPUs, problems run side by side, one per GPU (each lane a thread with its own
 evaluator session and database connection, taking the next chunk of problems when it is done with its own);
@@ -346,6 +347,18 @@ def generation_bytes(problem: Problem) -> int:
         return GENERATION_CONTEXT_BYTES
 
 
+def starter_needed(store: Store, plan: SuitePlan, problem: Problem, strategy: str) -> str | None:
+    """The problem's source sha256 where its offline run is still to come and no starter (or reason for none) is
+    kept for that source; None otherwise."""
+    if plan.policy != "offline" or not problem.path.is_file():
+        return None
+    sha = source_sha256(problem.path)
+    row = problem_row(store, plan.settings_key(strategy), problem, sha)
+    if (row is None or row["status"] not in ("done", "skipped")) and cached_starter(store, sha) is None:
+        return sha
+    return None
+
+
 def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
                      items: list[tuple[Problem, str]] | None = None, gpu: int | None = None) \
         -> list[tuple[Problem, str]]:
@@ -361,16 +374,10 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
     longer than STRAGGLER_AFTER_S and STRAGGLER_FACTOR times their median (counted from when it got its memory): it
     is killed, so that one slow or stuck generation (KernelBench level 2's 23 never came back beside seven others)
     does not hold up the problems whose starters are ready."""
-    if plan.policy != "offline":
-        return []
     items = plan.items() if items is None else items
     todo: dict[str, Problem] = {}
     for problem, strategy in items:
-        if not problem.path.is_file():
-            continue
-        sha = source_sha256(problem.path)
-        row = problem_row(store, plan.settings_key(strategy), problem, sha)
-        if (row is None or row["status"] not in ("done", "skipped")) and cached_starter(store, sha) is None:
+        if (sha := starter_needed(store, plan, problem, strategy)) is not None:
             todo.setdefault(sha, problem)
     if not todo:
         return []
@@ -484,30 +491,41 @@ class _Work:
 
 def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work: _Work, evaluator: dict,
           session=None, gpu: int | None = None, tag: bool = False) -> None:
-    """Chunks until none is left: a chunk's starters side by side (on `gpu`), then its problems one after another
-    (those whose starter was left for later last, each after its starter is generated alone),
-    all in one evaluator session (its planners, executors and referees stay warm across problems). tag: the loop's
-    events carry their problem (lanes side by side interleave them)."""
+    """Chunks until none is left: a chunk's problems one after another, in one evaluator session (its planners,
+    executors and referees stay warm across problems). First those that need no starter generated (kept by an
+    earlier call that was stopped while it generated this chunk's); then the others' starters side by side (on
+    `gpu`), and those problems, the ones whose starter was left for later last, each after its starter is
+    generated alone. tag: the loop's events carry their problem (lanes side by side interleave them)."""
     own = session is None
     if own:
         first = plan.items()[0]
         session = runs.evaluator_session(plan.run_settings(*first, evaluator))
+
+    def run_one(index: int, problem: Problem, strategy: str) -> None:
+        on_event({"kind": "problem", "index": index, "total": work.total, "problem": problem.key,
+                  "strategy": strategy, **tally(store, rows_of(store, plan))})
+        events = (lambda event, key=problem.key: on_event({**event, "problem": key})) if tag else on_event
+        row = _run_problem(store, plan, problem, strategy, events, session, evaluator)
+        on_event({"kind": "problem_done", "index": index, "total": work.total, "problem": problem.key,
+                  "strategy": strategy, "status": row["status"], "reason": row.get("reason"),
+                  "best": _best_of(store, row.get("run_id")), **tally(store, rows_of(store, plan))})
+
     try:
         while (chunk := work.next_chunk()) is not None:
             begin, items = chunk
+            waiting = [pair for pair in enumerate(items, begin) if starter_needed(store, plan, *pair[1])]
+            for index, (problem, strategy) in enumerate(items, begin):
+                if (index, (problem, strategy)) not in waiting:
+                    run_one(index, problem, strategy)
+            if not waiting:
+                continue
             # starters just before their problems run: a suite stopped by its budget has run problems rather than
             # only generated starters for all of them
-            later = prepare_starters(store, plan, on_event, items, gpu)
-            for index, (problem, strategy) in sorted(enumerate(items, begin), key=lambda pair: pair[1] in later):
+            later = prepare_starters(store, plan, on_event, [item for _, item in waiting], gpu)
+            for index, (problem, strategy) in sorted(waiting, key=lambda pair: pair[1] in later):
                 if (problem, strategy) in later:  # its starter again, alone on the GPU (nothing is timed meanwhile)
                     prepare_starters(store, plan, on_event, [(problem, strategy)], gpu)
-                on_event({"kind": "problem", "index": index, "total": work.total, "problem": problem.key,
-                          "strategy": strategy, **tally(store, rows_of(store, plan))})
-                events = (lambda event, key=problem.key: on_event({**event, "problem": key})) if tag else on_event
-                row = _run_problem(store, plan, problem, strategy, events, session, evaluator)
-                on_event({"kind": "problem_done", "index": index, "total": work.total, "problem": problem.key,
-                          "strategy": strategy, "status": row["status"], "reason": row.get("reason"),
-                          "best": _best_of(store, row.get("run_id")), **tally(store, rows_of(store, plan))})
+                run_one(index, problem, strategy)
     finally:
         if own:
             session.close()

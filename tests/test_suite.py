@@ -227,6 +227,41 @@ def test_a_lane_runs_the_problems_whose_starters_are_ready_first(tmp_path, monke
     assert [e["index"] for e in events if e["kind"] == "problem"] == [0, 2, 1]
 
 
+def test_a_resumed_chunk_runs_the_problems_with_kept_starters_before_generating_the_rest(tmp_path, monkeypatch):
+    """An earlier call generated two of a chunk's three starters, then was stopped (KernelBench level 2's 23 hung on
+    the GPU and held its lane the whole next call, its seven batch-mates' starters kept): those two run first."""
+    import json
+
+    from agent import suite
+
+    for name in ("1_A", "2_B", "3_C"):
+        (tmp_path / "set").mkdir(exist_ok=True)
+        (tmp_path / "set" / f"{name}.py").write_text(MODULE.replace("x + 1", f"x + {name[0]}"))
+    plan = SuitePlan(discover([tmp_path / "set"]), jobs=3)
+    store = open_db(tmp_path / "s.db")
+    suite.ensure_tables(store)
+    device, torch_version = suite.device_kind()
+    for problem in plan.problems:
+        if problem.key != "2_B":
+            store.db[suite.STARTERS_TABLE].insert({
+                "target_sha256": suite.source_sha256(problem.path), "device": device, "torch": torch_version,
+                "starter": json.dumps({"source": "# kernel"}), "error": None, "seconds": 1.0, "created_at": "now"})
+    happened = []
+
+    def fake_prepare(store, plan, on_event, items=None, gpu=None):
+        happened.append(("generate", [p.key for p, _ in items]))
+        return []
+
+    def fake_run(store, plan, problem, strategy, on_event, session, evaluator=None):
+        happened.append(("run", problem.key))
+        return {"status": "done", "reason": None, "run_id": None}
+
+    monkeypatch.setattr(suite, "prepare_starters", fake_prepare)
+    monkeypatch.setattr(suite, "_run_problem", fake_run)
+    suite._lane(store, plan, lambda event: None, suite._Work(plan.items(), plan.jobs), {}, session=object())
+    assert happened == [("run", "1_A"), ("run", "3_C"), ("generate", ["2_B"]), ("run", "2_B")]
+
+
 # -- the report's numbers ------------------------------------------------------------------------------------------
 def _run(store, name, strategy, curve, best, gpu="NVIDIA H100 80GB HBM3"):
     """A finished run with attempts [(verdict, x eager, x compile, sol)] and its best attempt's number."""
