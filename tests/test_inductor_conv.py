@@ -17,6 +17,10 @@ CASES = {
     "2d_asymmetric": ((1, 6, 10, 7), (20, 6, 3, 5), [2, 1], [1, 2], [1, 2], False, [0, 0], 1, True),
     "2d_grouped": ((2, 8, 7, 7), (32, 4, 3, 3), [1, 1], [0, 0], [1, 1], False, [0, 0], 2, False),
     "2d_depthwise": ((2, 6, 9, 9), (6, 1, 3, 3), [1, 1], [1, 1], [1, 1], False, [0, 0], 6, True),
+    # depthwise with two output channels per input channel, strided and dilated; and in 1-D and 3-D
+    "2d_depthwise_multiplier": ((2, 3, 11, 8), (6, 1, 3, 2), [2, 1], [1, 0], [1, 2], False, [0, 0], 3, True),
+    "1d_depthwise": ((3, 4, 17), (4, 1, 5), [2], [2], [1], False, [0], 4, False),
+    "3d_depthwise": ((1, 2, 4, 6, 5), (2, 1, 3, 3, 2), [1, 2, 1], [1, 1, 0], [1, 1, 1], False, [0, 0, 0], 2, True),
     "2d_pointwise": ((2, 17, 5, 6), (18, 17, 1, 1), [1, 1], [0, 0], [1, 1], False, [0, 0], 1, False),
     # a reduction shorter than the dot's tile (KernelBench 87's hidden variant 2: 13 input channels, 1x1)
     "2d_pointwise_short_reduction": ((2, 13, 5, 6), (64, 13, 1, 1), [1, 1], [0, 0], [1, 1], False, [0, 0], 1, True),
@@ -30,11 +34,49 @@ CASES = {
 }
 
 
+DEPTHWISE = [case for case in CASES if "depthwise" in case and "transposed" not in case]
+
+
 @pytest.mark.parametrize("large", [False, True], ids=["int32", "int64"])
 @pytest.mark.parametrize("case", CASES)
 def test_matches_aten_convolution(case, large, monkeypatch):
     if large:  # the index math for offsets past 2**31, on tensors of test size
         monkeypatch.setattr(inductor_conv, "INT32_REACH", 0)
+    _check(case)
+
+
+@pytest.mark.parametrize("case", DEPTHWISE)
+def test_depthwise_as_an_implicit_gemm_too(case, monkeypatch):
+    """CONV_DIRECT = 0: a depthwise convolution on the GEMM path (the direct kernel is the default; tuning times
+    both)."""
+    monkeypatch.setattr(inductor_conv, "CONV_DIRECT", 0)
+    launched = []
+    monkeypatch.setattr(inductor_conv, "_conv_depthwise_kernel", _Recording(launched))
+    _check(case)
+    assert launched == []
+
+
+def test_a_depthwise_convolution_runs_the_direct_kernel(monkeypatch):
+    launched = []
+    monkeypatch.setattr(inductor_conv, "_conv_depthwise_kernel",
+                        _Recording(launched, inductor_conv._conv_depthwise_kernel))
+    _check("2d_depthwise_multiplier")
+    _check("2d_grouped")   # two input channels per group: the GEMM
+    assert launched == [(2 * 6 * 1,)]   # 2 images x 6 channels x one block of 6 x 6 positions
+
+
+class _Recording:
+    """A kernel's stand-in that records each launch's grid (and launches the kernel, if given one)."""
+
+    def __init__(self, grids, kernel=None):
+        self.grids, self.kernel = grids, kernel
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def _check(case):
     x_shape, w_shape, stride, padding, dilation, transposed, output_padding, groups, bias = CASES[case]
     torch.manual_seed(0)
     x = torch.randn(x_shape, device=DEVICE)

@@ -891,8 +891,8 @@ class ModelNew(Model):
         notes += (f"; the main shape runs the kernels Inductor compiled for its sizes (K{len(index)} on, the "
                   "tunables), any other shape those compiled for dynamic sizes (Inductor's first configuration)")
     if convolves:
-        notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time), "
-                  "tuned by the CONV_* constants")
+        notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time; "
+                  "a depthwise one _conv_depthwise_kernel while CONV_DIRECT), tuned by the CONV_* constants")
     return Generated(source, tunables, defaults, notes, [k.name for k in kernels], choices)
 
 

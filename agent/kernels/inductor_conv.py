@@ -17,6 +17,11 @@ with leading sizes of 1. Sizes, strides and convolution parameters are runtime a
 serves every shape. fp32 inputs use 3xTF32 dot products (tensor cores, about fp32's accuracy; plain TF32 would miss
 fp32's tolerance); where a group has fewer than 16 output channels (depthwise), the tile is multiplied and summed
 without tl.dot, whose tiles need 16 on each side (a shorter reduction is masked to zeros in the tile).
+
+A depthwise convolution (one input channel per group, not transposed) has a reduction of only its kernel's taps:
+as a GEMM its tiles are mostly masked (0.13x of cuDNN on KernelBench level 1's 82 and 84, H200). With CONV_DIRECT
+it runs `_conv_depthwise_kernel` instead: each program computes CONV_DIRECT_BLOCK output positions of one output
+channel of one image, a tap at a time, its neighbours' loads shared in the cache (a memory-bound stencil).
 """
 from __future__ import annotations
 
@@ -33,20 +38,26 @@ CONV_BLOCK_N = 64
 CONV_BLOCK_K = 16
 CONV_NUM_WARPS = 4
 CONV_NUM_STAGES = 2
+CONV_DIRECT = 1
+CONV_DIRECT_BLOCK = 1024
 
 INT32_REACH = 2**31 - 1
 TUNABLES = {"CONV_BLOCK_M": [16, 32, 64, 128], "CONV_BLOCK_N": [16, 32, 64, 128], "CONV_BLOCK_K": [16, 32, 64],
-            "CONV_NUM_WARPS": [2, 4, 8], "CONV_NUM_STAGES": [1, 2, 3, 4]}
+            "CONV_NUM_WARPS": [2, 4, 8], "CONV_NUM_STAGES": [1, 2, 3, 4], "CONV_DIRECT": [0, 1],
+            "CONV_DIRECT_BLOCK": [256, 512, 1024, 2048]}
 DEFAULTS = {"CONV_BLOCK_M": CONV_BLOCK_M, "CONV_BLOCK_N": CONV_BLOCK_N, "CONV_BLOCK_K": CONV_BLOCK_K,
-            "CONV_NUM_WARPS": CONV_NUM_WARPS, "CONV_NUM_STAGES": CONV_NUM_STAGES}
+            "CONV_NUM_WARPS": CONV_NUM_WARPS, "CONV_NUM_STAGES": CONV_NUM_STAGES, "CONV_DIRECT": CONV_DIRECT,
+            "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK}
 # Settings timed beside the defaults when a starter is generated on a GPU (agent/kernels/starter_tune.py): the tiles
 # of Inductor's own convolution template configurations that fit TUNABLES, wide and narrow in the output channels
-# (a depthwise group has one), deep and shallow in the reduction.
+# (a depthwise group has one), deep and shallow in the reduction, all as implicit GEMMs; and the depthwise
+# kernel's other block sizes (the defaults run it; a convolution that is not depthwise ignores these two).
 CONFIGS = [
-    {"CONV_BLOCK_M": m, "CONV_BLOCK_N": n, "CONV_BLOCK_K": k, "CONV_NUM_WARPS": w, "CONV_NUM_STAGES": s}
+    {"CONV_BLOCK_M": m, "CONV_BLOCK_N": n, "CONV_BLOCK_K": k, "CONV_NUM_WARPS": w, "CONV_NUM_STAGES": s,
+     "CONV_DIRECT": 0, "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK}
     for m, n, k, w, s in [(128, 128, 32, 8, 2), (64, 64, 32, 4, 2), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
                           (128, 32, 16, 4, 2), (32, 64, 16, 2, 2), (128, 16, 16, 4, 2), (64, 32, 32, 4, 3)]
-]
+] + [{**DEFAULTS, "CONV_DIRECT_BLOCK": block} for block in (512, 2048)]
 # Under the CPU interpreter every program is Python over numpy tiles: few, large programs (6x faster on a 16 x 2 x
 # 32 x 32 input, 64 output channels).
 INTERPRETER_DEFAULTS = {**DEFAULTS, "CONV_BLOCK_M": 1024}
@@ -229,6 +240,45 @@ def _conv_accumulate(acc, a, wt, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
     return acc + tl.sum(a.to(tl.float32)[:, :, None] * wt.to(tl.float32)[None, :, :], axis=1)
 
 
+@triton.jit
+def _conv_depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr, C_OUT, C_OUT_G, BLOCKS,
+                           ID, IH, IW, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                           sxn, sxc, sxd, sxh, sxw, swa, swd, swh, sww,
+                           HAS_BIAS: tl.constexpr, LARGE: tl.constexpr, BLOCK: tl.constexpr):
+    # One program: BLOCK output positions of output channel co of image n (a 1-D grid: no 65535 limit on a side).
+    pid = tl.program_id(0)
+    p = tl.arange(0, BLOCK)
+    if LARGE:
+        pid, p = pid.to(tl.int64), p.to(tl.int64)
+    nc = pid // BLOCKS
+    p += (pid % BLOCKS) * BLOCK
+    n = nc // C_OUT
+    co = nc % C_OUT
+    spatial = OD * OH * OW
+    p_ok = p < spatial
+    ow = p % OW
+    oh = (p // OW) % OH
+    od = p // (OW * OH)
+    x_channel = x_ptr + n * sxn + (co // C_OUT_G) * sxc   # a depthwise group's one input channel
+    w_channel = w_ptr + co * swa
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for kd in range(0, KD):
+        i_d = od * SD - PD + kd * DD
+        ok_d = p_ok & (i_d >= 0) & (i_d < ID)
+        for kh in range(0, KH):
+            i_h = oh * SH - PH + kh * DH
+            ok_h = ok_d & (i_h >= 0) & (i_h < IH)
+            x_row = x_channel + i_d * sxd + i_h * sxh
+            for kw in range(0, KW):
+                i_w = ow * SW - PW + kw * DW
+                xv = tl.load(x_row + i_w * sxw, mask=ok_h & (i_w >= 0) & (i_w < IW), other=0.0)
+                wv = tl.load(w_channel + kd * swd + kh * swh + kw * sww)
+                acc += xv.to(tl.float32) * wv.to(tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + co).to(tl.float32)
+    tl.store(y_ptr + nc * spatial + p, acc.to(y_ptr.dtype.element_ty), mask=p_ok)
+
+
 def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     """aten.convolution's result (contiguous) from _conv_kernel; 1-D and 2-D as 3-D with leading sizes of 1."""
     nd = x.dim() - 2
@@ -254,6 +304,15 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
     w_strides = [w.stride(0), w.stride(1)] + [0] * lead + [w.stride(i) for i in range(2, w.dim())]
     # the furthest element of x, w or y from its start: int32 index math below INT32_REACH
     reach = max(sum((size - 1) * abs(step) for size, step in zip(t.shape, t.stride())) for t in (x, w, y))
+    if CONV_DIRECT and c_in_g == 1 and not transposed:   # depthwise: a stencil per output channel
+        spatial = o_d * o_h * o_w
+        blocks = (spatial + CONV_DIRECT_BLOCK - 1) // CONV_DIRECT_BLOCK
+        _conv_depthwise_kernel[(x.shape[0] * c_out * blocks,)](
+            x, w, b if b is not None else y, y, c_out, c_out_g, blocks, i_d, i_h, i_w, o_d, o_h, o_w, k_d, k_h, k_w,
+            s_d, s_h, s_w, p_d, p_h, p_w, d_d, d_h, d_w, *x_strides, w_strides[0], *w_strides[2:],
+            HAS_BIAS=b is not None, LARGE=max(reach, x.shape[0] * c_out * blocks * CONV_DIRECT_BLOCK) >= INT32_REACH,
+            BLOCK=CONV_DIRECT_BLOCK, num_warps=CONV_NUM_WARPS)
+        return y
     # A reduction shorter than BLOCK_K is masked to zeros in the dot's tile. The product-and-sum path is for narrow
     # groups only: KernelBench 87 (1x1) failed its hidden variant of 13 input and 128 output channels on an H100
     # on that path with a [64, 16, 64] product (right under the interpreter), and passed 21 channels on the dot's.
@@ -272,5 +331,5 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
 
 def candidate_source() -> str:
     """The kernel and its launcher as a candidate holds them (the tunables are written by the generator)."""
-    functions = (output_sizes, _conv_kernel.fn, _conv_accumulate.fn, _conv)
+    functions = (output_sizes, _conv_kernel.fn, _conv_accumulate.fn, _conv_depthwise_kernel.fn, _conv)
     return f"INT32_REACH = {INT32_REACH}\n\n\n" + "\n\n".join(inspect.getsource(f) for f in functions)
