@@ -15,8 +15,12 @@ a kernel tap at a time with its channels in BLOCK_K steps where a group has 16 i
 math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps. 1-D and 2-D convolutions run as 3-D
 with leading sizes of 1. Sizes, strides and convolution parameters are runtime arguments, so one compiled kernel
 serves every shape. fp32 inputs use 3xTF32 dot products (tensor cores, about fp32's accuracy; plain TF32 would miss
-fp32's tolerance); where a group has fewer than 16 output channels (depthwise), the tile is multiplied and summed
-without tl.dot, whose tiles need 16 on each side (a shorter reduction is masked to zeros in the tile).
+fp32's tolerance), 16 columns or more (a narrower group's are masked); where a group has at most PRODUCT_SUM_MAX_N
+output channels, the tile is multiplied and summed on the CUDA cores instead. That path stays under 16 columns:
+Triton up to 3.6 rewrites sum(a[:, :, None] * w[None, :, :], 1) with 16 rows and columns or more into a *TF32*
+tl.dot (CombineBroadcastMulReducePattern; IEEE since triton-lang/triton#9831, merged 2026-03-25). On the GPUs'
+Triton 3.6 such a product of 16 columns (KernelBench level 2's 26, a hidden variant of 13 output channels) and one
+of 64 (level 1's 87) were off by TF32's rounding, right under the interpreter.
 
 A depthwise convolution (one input channel per group, not transposed) has a reduction of only its kernel's taps:
 as a GEMM its tiles are mostly masked (0.13x of cuDNN on KernelBench level 1's 82 and 84, H200). With CONV_DIRECT
@@ -42,6 +46,7 @@ CONV_DIRECT = 1
 CONV_DIRECT_BLOCK = 1024
 
 INT32_REACH = 2**31 - 1
+PRODUCT_SUM_MAX_N = 4   # a group with more output channels takes the 3xTF32 dot, its tile at least 16 wide
 TUNABLES = {"CONV_BLOCK_M": [16, 32, 64, 128], "CONV_BLOCK_N": [16, 32, 64, 128], "CONV_BLOCK_K": [16, 32, 64],
             "CONV_NUM_WARPS": [2, 4, 8], "CONV_NUM_STAGES": [1, 2, 3, 4], "CONV_DIRECT": [0, 1],
             "CONV_DIRECT_BLOCK": [256, 512, 1024, 2048]}
@@ -313,11 +318,11 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
             HAS_BIAS=b is not None, LARGE=max(reach, x.shape[0] * c_out * blocks * CONV_DIRECT_BLOCK) >= INT32_REACH,
             BLOCK=CONV_DIRECT_BLOCK, num_warps=CONV_NUM_WARPS)
         return y
-    # A reduction shorter than BLOCK_K is masked to zeros in the dot's tile. The product-and-sum path is for narrow
-    # groups only: KernelBench 87 (1x1) failed its hidden variant of 13 input and 128 output channels on an H100
-    # on that path with a [64, 16, 64] product (right under the interpreter), and passed 21 channels on the dot's.
-    use_dot = c_out_g >= 16
-    block_n = CONV_BLOCK_N if use_dot else min(CONV_BLOCK_N, triton.next_power_of_2(c_out_g))
+    # A reduction shorter than BLOCK_K, or a group narrower than BLOCK_N, is masked to zeros in the dot's tile. The
+    # product-and-sum path keeps under 16 columns (Triton 3.6 makes a wider one a TF32 dot: the docstring).
+    use_dot = c_out_g > PRODUCT_SUM_MAX_N
+    narrowest = triton.next_power_of_2(c_out_g)
+    block_n = min(CONV_BLOCK_N, max(16, narrowest)) if use_dot else narrowest
     block_k = CONV_BLOCK_K if use_dot else min(CONV_BLOCK_K, 16)
     grid = ((rows + CONV_BLOCK_M - 1) // CONV_BLOCK_M, (c_out_g + block_n - 1) // block_n, groups)
     _conv_kernel[grid](x, w, b if b is not None else y, y, rows, c_out, c_in_g, c_out_g,
@@ -332,4 +337,5 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
 def candidate_source() -> str:
     """The kernel and its launcher as a candidate holds them (the tunables are written by the generator)."""
     functions = (output_sizes, _conv_kernel.fn, _conv_accumulate.fn, _conv_depthwise_kernel.fn, _conv)
-    return f"INT32_REACH = {INT32_REACH}\n\n\n" + "\n\n".join(inspect.getsource(f) for f in functions)
+    constants = f"INT32_REACH = {INT32_REACH}\nPRODUCT_SUM_MAX_N = {PRODUCT_SUM_MAX_N}\n\n\n"
+    return constants + "\n\n".join(inspect.getsource(f) for f in functions)
