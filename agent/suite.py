@@ -11,7 +11,8 @@ Bookkeeping lives in two tables of the run database, beside runs/attempts/messag
   of what makes two runs comparable (policy, model, base URL, language, budget, strategy), so a problem finished
   with the same settings and the same source is skipped, and a changed budget or problem file runs anew;
 - `suite_starters`: the offline policy's Inductor starters (agent/kernels/inductor.py), or the reason there is
-  none, per problem source, device kind and torch version. They are generated `jobs` problems at a time, in
+  none, per problem source, device kind and torch version, kept for the generator's code that made them (a changed
+  generator makes them again). They are generated `jobs` problems at a time, in
   parallel child processes, just before those problems run (never while a kernel is timed), so a suite stopped by
   its budget has results for its first problems, and a resumed suite reuses them (and runs the problems whose
   starters it kept before it generates the rest of their chunk). A straggling generation, or one that ran out of
@@ -31,6 +32,7 @@ problem, problem_done, and the loop's own events).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import math
@@ -265,8 +267,10 @@ def ensure_tables(store: Store) -> None:
             db[PROBLEMS_TABLE].create_index(["settings_key", "problem", "target_sha256"], unique=True)
         if STARTERS_TABLE not in db.table_names():
             db[STARTERS_TABLE].create({"target_sha256": str, "device": str, "torch": str, "starter": str,
-                                       "error": str, "seconds": float, "created_at": str},
+                                       "error": str, "seconds": float, "created_at": str, "generator": str},
                                       pk=("target_sha256", "device", "torch"))
+        elif "generator" not in db[STARTERS_TABLE].columns_dict:   # a database from before: its starters are stale
+            db[STARTERS_TABLE].add_column("generator", str)
 
 
 def problem_row(store: Store, settings_key: str, problem: Problem, sha: str) -> dict | None:
@@ -310,10 +314,24 @@ def device_kind() -> tuple[str, str]:
     return ("cuda" if runs.has_gpu() else "cpu-small"), torch.__version__
 
 
+# The modules whose code makes a starter: a starter another version of them made is made again.
+GENERATOR_MODULES = ("inductor.py", "inductor_conv.py", "starter_tune.py")
+
+
+@functools.cache
+def generator_version() -> str:
+    """A hash of the starter generator's source (GENERATOR_MODULES, agent/kernels/)."""
+    folder = Path(__file__).parent / "kernels"
+    digest = hashlib.sha256()
+    for name in GENERATOR_MODULES:
+        digest.update((folder / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached_starter(store: Store, sha: str) -> dict | None:
     device, torch_version = device_kind()
     rows = list(store.db.query(f"SELECT * FROM {STARTERS_TABLE} WHERE target_sha256 = ? AND device = ? AND "
-                               "torch = ?", [sha, device, torch_version]))
+                               "torch = ? AND generator = ?", [sha, device, torch_version, generator_version()]))
     if not rows:
         return None
     row = rows[0]
@@ -415,7 +433,8 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
             with store.transaction():
                 store.db[STARTERS_TABLE].upsert({"target_sha256": sha, "device": device, "torch": torch_version,
                                                  "starter": json.dumps(starter) if starter else None,
-                                                 "error": event["error"], "seconds": seconds, "created_at": now()},
+                                                 "error": event["error"], "seconds": seconds, "created_at": now(),
+                                                 "generator": generator_version()},
                                                 pk=("target_sha256", "device", "torch"))
         on_event(event)
 

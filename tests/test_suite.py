@@ -227,6 +227,37 @@ def test_a_lane_runs_the_problems_whose_starters_are_ready_first(tmp_path, monke
     assert [e["index"] for e in events if e["kind"] == "problem"] == [0, 2, 1]
 
 
+def test_a_starter_another_version_of_the_generator_made_is_made_again(tmp_path, monkeypatch):
+    """Starters are a cache of the generator's output: after kloop's generator changes (or in a database from
+    before the generator was recorded), a resumed suite makes its unfinished problems' starters again."""
+    from agent import suite
+    from agent.kernels import inductor
+
+    made = []
+
+    def fake_generate(spec, visible=None, give_up=None):
+        made.append(Path(spec).stem)
+        return inductor.Generated(source="# kernel", defaults={}, tunables={}, notes="fake", kernels=[])
+
+    monkeypatch.setattr(inductor, "generate", fake_generate)
+    store, plan = _four_sources(tmp_path)
+    suite.prepare_starters(store, plan, lambda event: None)
+    suite.prepare_starters(store, plan, lambda event: None)   # kept: nothing to make
+    assert sorted(made) == ["1_Op", "2_Op", "3_Op", "4_Op"]
+    monkeypatch.setattr(suite, "generator_version", lambda: "another")
+    suite.prepare_starters(store, plan, lambda event: None)
+    assert len(made) == 8
+    assert {row["generator"] for row in store.db[suite.STARTERS_TABLE].rows} == {"another"}
+
+    store = open_db(tmp_path / "old.db")   # a starters table from before the generator column
+    store.db[suite.STARTERS_TABLE].insert({"target_sha256": "x", "device": "cpu-small", "torch": "2",
+                                           "starter": "{}", "error": None, "seconds": 1.0, "created_at": "then"},
+                                          pk=("target_sha256", "device", "torch"))
+    suite.ensure_tables(store)
+    assert store.db[suite.STARTERS_TABLE].columns_dict["generator"] is str
+    assert [row["generator"] for row in store.db[suite.STARTERS_TABLE].rows] == [None]
+
+
 def test_a_resumed_chunk_runs_the_problems_with_kept_starters_before_generating_the_rest(tmp_path, monkeypatch):
     """An earlier call generated two of a chunk's three starters, then was stopped (KernelBench level 2's 23 hung on
     the GPU and held its lane the whole next call, its seven batch-mates' starters kept): those two run first."""
@@ -245,7 +276,8 @@ def test_a_resumed_chunk_runs_the_problems_with_kept_starters_before_generating_
         if problem.key != "2_B":
             store.db[suite.STARTERS_TABLE].insert({
                 "target_sha256": suite.source_sha256(problem.path), "device": device, "torch": torch_version,
-                "starter": json.dumps({"source": "# kernel"}), "error": None, "seconds": 1.0, "created_at": "now"})
+                "starter": json.dumps({"source": "# kernel"}), "error": None, "seconds": 1.0, "created_at": "now",
+                "generator": suite.generator_version()})
     happened = []
 
     def fake_prepare(store, plan, on_event, items=None, gpu=None):
