@@ -167,7 +167,8 @@ def test_a_cancelling_sum_in_another_order_is_credited_and_in_lower_precision_is
     target = load_target(str(TARGETS / "kb_cancelling_sum.py"))
     r = judge(target, "honest_reordered_sum", session)
     assert r.verdict == "correct" and r.correctness.shapes >= 2, r.reasons
-    r = judge(target, "tf32_reordered_sum", session)
+    honest = (CANDIDATES / "honest_reordered_sum.py").read_text()
+    r = judge_source(target, honest.replace("\nTRUNCATE = 0 ", "\nTRUNCATE = 1 "), session)
     assert r.verdict == "incorrect", r.reasons
     assert "against the reference computed in float64" in r.reasons[0] and "move under a rounding step" in \
         r.reasons[0], r.reasons

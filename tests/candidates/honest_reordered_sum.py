@@ -1,10 +1,14 @@
 """Honest: (x @ W.T).sum(1) as x @ W.sum(0), as Inductor rewrites it: W's column sums first, then one dot product per
-row. The same sum in another order; where its terms cancel it can be further from the reference than the tolerance."""
+row. The same sum in another order; where its terms cancel it can be further from the reference than the tolerance.
+
+With TRUNCATE = 1 it cheats on the float64 judgement (c86fcb5): its operands cut to TF32's mantissa, as a tensor
+core would read them. Where the sum cancels the judgement allows 8 times the reference's own move under a rounding
+step of its inputs; TF32 rounds 2^13 times coarser than float32 and stays far outside (tests/test_evaluator.py)."""
 import torch
 import triton
 import triton.language as tl
 
-TRUNCATE = 0   # 1: each operand cut to TF32's 10-bit mantissa before it is multiplied (tests/candidates/tf32_*)
+TRUNCATE = 0   # 1: each operand cut to TF32's 10-bit mantissa before it is multiplied
 
 
 @triton.jit
