@@ -34,6 +34,13 @@ CASES = {
                                   [1, 1, 1], 1, True),
     "3d_wide": ((1, 18, 4, 5, 3), (16, 18, 2, 3, 2), [1, 1, 1], [1, 0, 1], [1, 1, 1], False, [0, 0, 0], 1, True),
     "3d_transposed": ((1, 4, 3, 4, 3), (4, 16, 2, 3, 2), [2, 1, 2], [0, 1, 1], [1, 1, 1], True, [1, 0, 0], 1, True),
+    # strided transposed convolutions run per stride phase: KernelBench level 1's 72 (grouped, 8 channels a group),
+    # smaller; padding past the stride; a kernel smaller than the stride (phases with no tap: bias alone)
+    "3d_transposed_grouped_phases": ((1, 8, 3, 4, 5), (8, 4, 3, 5, 7), [2, 2, 2], [1, 2, 3], [1, 1, 1], True,
+                                     [1, 1, 1], 2, True),
+    "2d_transposed_padding_past_stride": ((2, 17, 4, 5), (17, 6, 5, 7), [3, 2], [4, 3], [1, 1], True, [2, 1], 1,
+                                          True),
+    "1d_transposed_kernel_under_stride": ((2, 3, 6), (3, 5, 1), [3], [0], [1], True, [2], 1, True),
 }
 
 
