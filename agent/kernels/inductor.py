@@ -75,6 +75,11 @@ LOOPED_XBLOCK = [1, 2, 4, 8, 16, 32, 64]
 LOOPED_R0_BLOCK = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 NUM_WARPS = [1, 2, 4, 8, 16]
 NUM_STAGES = [1, 2, 3, 4, 5]
+# A static trace's matmul whose K dwarfs its output (K >= LONG_K_RATIO * max(M, N)) leaves Inductor no Triton GEMM
+# template, and one tile per 64x64 of output would leave most SMs idle: it becomes split-K (rewrite_long_matmuls).
+LONG_K_RATIO = 32
+SPLIT_K_PROGRAMS = 512   # the split count aims at this many 64x64 output tiles times splits
+MAX_SPLIT_K = 64
 MAX_TILE_ELEMENTS = 8192   # a persistent reduction keeps XBLOCK * R0_BLOCK values live: XBLOCK shrinks to fit
 # Under the CPU interpreter every program, and every loop step, is Python over numpy blocks, and a reduction with a
 # combine function (Inductor's NaN-propagating max) calls it per element: Inductor's defaults for tiny sizes
@@ -248,6 +253,8 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
                 arg = node.meta.get("grapharg")
                 sources.append(arg.source.name if arg is not None else "?")
         graphs.append(sources)
+        if not dynamic:
+            rewrite_long_matmuls(gm)
         with mock.patch.object(torch_triton, "triton_hash_with_backend", lambda: "0" * 64), \
                 mock.patch.object(GraphLowering, "compile_to_module", codegen_only):
             compile_fx(gm, example_inputs)
@@ -265,6 +272,72 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
                         "starter needs one")
     return codes[0], graphs[0]
+
+
+_MATMULS = {"matmul", "mm", "__matmul__"}
+
+
+def rewrite_long_matmuls(gm) -> int:
+    """In a graph of static sizes, each 2-D floating matmul [M, K] x [K, N] that one GEMM would run on a few programs
+    is computed another way that gives the same product (up to the order of the sums), as Inductor's own decompose_k
+    does (which kloop's codegen-only capture cannot benchmark):
+    - a matrix-vector product (N or M is 1) is a product and a sum over K: a memory-bound reduction;
+    - for K >= LONG_K_RATIO * max(M, N), K is split in S parts, multiplied as one batched GEMM [S, M, K/S] x
+      [S, K/S, N], and the S partial products summed.
+    Returns how many were rewritten."""
+    import operator
+
+    import torch
+
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        is_matmul = node.op == "call_function" and node.target in (torch.matmul, torch.mm, operator.matmul) or \
+            node.op == "call_method" and node.target in _MATMULS
+        if not is_matmul or len(node.args) != 2 or node.kwargs:
+            continue
+        a, b = node.args
+        va, vb = (getattr(x, "meta", {}).get("example_value") for x in (a, b))
+        if not all(isinstance(v, torch.Tensor) and v.dim() == 2 and v.dtype.is_floating_point for v in (va, vb)) or \
+                va.dtype != vb.dtype or not all(isinstance(d, int) for d in (*va.shape, *vb.shape)):
+            continue
+        (m, k), n = va.shape, vb.shape[1]
+        splits = _split_count(m, n, k)
+        if min(m, n) != 1 and splits < 2:
+            continue
+
+        def emit(fn, *args, **kwargs):
+            new = gm.graph.call_function(fn, args, kwargs)
+            values = [x.meta["example_value"] if isinstance(x, torch.fx.Node) else x for x in args]
+            with getattr(va, "fake_mode", None) or contextlib.nullcontext():
+                new.meta["example_value"] = fn(*values, **kwargs)
+            return new
+
+        with gm.graph.inserting_before(node):
+            if n == 1:
+                product = emit(torch.sum, emit(operator.mul, a, emit(torch.reshape, b, (1, k))), 1, keepdim=True)
+            elif m == 1:
+                product = emit(torch.sum, emit(operator.mul, emit(torch.reshape, a, (k, 1)), b), 0, keepdim=True)
+            else:
+                parts = emit(torch.transpose, emit(torch.reshape, a, (m, splits, k // splits)), 0, 1)
+                product = emit(torch.sum, emit(torch.bmm, parts, emit(torch.reshape, b, (splits, k // splits, n))), 0)
+        node.replace_all_uses_with(product)
+        gm.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten
+
+
+def _split_count(m: int, n: int, k: int) -> int:
+    """How many parts a long K is split into (1: not split): enough that the 64x64 output tiles times the parts reach
+    SPLIT_K_PROGRAMS, at most MAX_SPLIT_K, a power of two that divides K."""
+    if k < LONG_K_RATIO * max(m, n):
+        return 1
+    tiles = -(-m // 64) * -(-n // 64)
+    splits = 1
+    while splits < MAX_SPLIT_K and tiles * splits < SPLIT_K_PROGRAMS and k % (2 * splits) == 0:
+        splits *= 2
+    return splits
 
 
 @contextlib.contextmanager
