@@ -616,6 +616,9 @@ def kernel_tunables(i: int, k: Kernel, interpreter: bool = False) -> tuple[dict[
     else:
         add("XBLOCK", LOOPED_XBLOCK, 1, kwargs.get("XBLOCK"))
         add("R0_BLOCK", LOOPED_R0_BLOCK, 1024, kwargs.get("R0_BLOCK"))
+    for c in k.constexprs:  # any other tile of a reduction (a tiled one has YBLOCK): Inductor's value, tunable
+        if c.endswith("BLOCK") and p + c not in tunables and not (c == "R0_BLOCK" and k.kind == "persistent_reduction"):
+            add(c, TILE_BLOCK, 16, kwargs.get(c))
     add("NUM_WARPS", NUM_WARPS, 8 if k.kind != "pointwise" else 4, first["num_warps"])
     if k.kind == "reduction":
         add("NUM_STAGES", NUM_STAGES, 1, first["num_stages"])
