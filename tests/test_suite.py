@@ -369,11 +369,25 @@ def test_report_numbers_match_a_hand_computed_case(timed_suite, tmp_path):
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "| fast_1.2 | 2/5 (40%) | 0/5 (0%) |" in markdown
     assert "counts as 1.0x" in markdown and "5 of 6 problems finished" in markdown
-    assert "NVIDIA H100 80GB HBM3" in markdown and "2.11.0" in markdown
+    assert "| GPU | NVIDIA H100 80GB HBM3 |" in markdown and "2.11.0" in markdown
+    assert "more than one kind of GPU" not in markdown and table[0]["gpu"] == "NVIDIA H100 80GB HBM3"
     assert "## Below torch.compile" in markdown and "level1/3_C" in markdown.split("## Below torch.compile")[1]
     assert "| level1/4_D | refine | 1 | #1 incorrect |" in markdown   # a run without a verified kernel, and why
     document = json.loads((tmp_path / "out" / "report.json").read_text())
     assert document["summary"]["fast_p"]["eager"]["2"] == pytest.approx(0.2)
+
+
+def test_a_suite_resumed_on_another_gpu_says_which_problem_ran_where(tmp_path):
+    store = open_db(tmp_path / "s.db")
+    rows = [_row(f"level2/{i}_P", "refine", "done", _run(store, f"{i}_P", "refine", [("correct", 1.5, 1.2, 0.5)],
+                                                         best=1, gpu=gpu))
+            for i, gpu in enumerate(["NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3"], start=1)]
+    write_suite_report(store, rows, tmp_path / "out")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| GPU | NVIDIA H200 (2 problems), NVIDIA H100 80GB HBM3 (1 problems) |" in markdown
+    assert "more than one kind of GPU" in markdown
+    table = list(csv.DictReader(open(tmp_path / "out" / "problems.csv")))
+    assert [r["gpu"] for r in table] == ["NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3"]
 
 
 def test_strategies_are_compared_at_an_equal_budget(timed_suite, tmp_path):

@@ -16,6 +16,7 @@ geomean and SOL fraction is absent (None), never drawn.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import math
@@ -409,6 +410,10 @@ def report_markdown(summaries: dict[str, dict], results: list[dict], context: di
     lines += [markdown_table(["", ""], machine), ""]
     if not timed:
         lines += [f"**{NO_TIMING}.**", ""]
+    if len(gpu_counts(results)) > 1:
+        lines += ["**The problems ran on more than one kind of GPU** (a suite resumed on another machine). Each "
+                  "speedup is against baselines timed beside the kernel on its own GPU; problems.csv's `gpu` column "
+                  "names it. The times in microseconds compare only within one GPU.", ""]
     for strategy, own in summaries.items():
         finished, n = own["finished"], own["problems"]
         lines += [f"## Numbers{f': strategy {strategy}' if several else ''}", "",
@@ -498,7 +503,14 @@ def _fast(summary: dict, baseline: str, p: float, finished: int) -> str:
 
 CSV_COLUMNS = ("problem", "level", "strategy", "policy", "status", "reason", "run_id", "verified", "language",
                "template", "best_attempt", "time_us", "eager_us", "compile_us", "speedup_eager", "speedup_compile",
-               "sol_fraction", "attempts", "correct_attempts", "attempts_to_98", "seconds", "cost_usd", "tokens")
+               "sol_fraction", "attempts", "correct_attempts", "attempts_to_98", "seconds", "cost_usd", "tokens",
+               "gpu")
+
+
+def gpu_counts(results: list[dict]) -> dict[str, int]:
+    """The GPUs the problems' runs were timed on, with how many problems each, most first."""
+    names = collections.Counter((r["gpu"] or {}).get("name") for r in results if r["gpu"])
+    return dict(names.most_common())
 
 
 def write_suite_report(store, rows: list[dict], out_dir, context: dict | None = None) -> list[Path]:
@@ -516,7 +528,11 @@ def write_suite_report(store, rows: list[dict], out_dir, context: dict | None = 
     first = next((r for r in results if r["gpu"] or r["versions"]), {})
     context.setdefault("gpu", first.get("gpu"))
     context.setdefault("versions", first.get("versions"))
-    gpu_name = (context.get("gpu") or {}).get("name")
+    per_gpu = gpu_counts(results)
+    if len(per_gpu) > 1:   # a suite resumed on another kind of GPU: say so wherever the GPU is named
+        context["gpu"] = {**(context.get("gpu") or {}),
+                          "name": ", ".join(f"{name} ({count} problems)" for name, count in per_gpu.items())}
+    gpu_name = " / ".join(per_gpu) or (context.get("gpu") or {}).get("name")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -539,7 +555,7 @@ def write_suite_report(store, rows: list[dict], out_dir, context: dict | None = 
         with open(out / "problems.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
             writer.writeheader()
-            writer.writerows(results)
+            writer.writerows({**r, "gpu": (r["gpu"] or {}).get("name")} for r in results)
         document = {"context": context, "definitions": __doc__.split("Definitions (KernelBench's): ", 1)[1].strip(),
                     "summary": summaries.get(primary), "summaries": summaries, "strategies": comparison,
                     "problems": [{k: v for k, v in r.items() if k != "curve"} for r in results]}
