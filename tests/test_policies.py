@@ -5,18 +5,23 @@ import json
 
 import pytest
 
-from agent import prompting
-from agent.inspect_tools import TOOLS, openai_tools, run_tool
-from agent.policies.anthropic import AnthropicPolicy, cost_usd
-from agent.policies.openai import OpenAIPolicy
-from agent.policies.replay import ReplayPolicy, candidate_from_response
-from agent.policy import AttemptView, PolicyError, ProposeContext
-from fakes import anthropic_server as fa
-from fakes import openai_server as fo
-import evaluated
-from tools.result import Correctness
-from tools.export import model_turns
-from tools.store import attempt_columns, open_db
+# The SDKs are required dependencies; a GPU image that lacks them (carried wheels are capped at 64 MiB a call) skips
+# these CPU tests rather than failing the collection of its GPU tests.
+pytest.importorskip("anthropic")
+pytest.importorskip("openai")
+
+from agent import prompting  # noqa: E402
+from agent.inspect_tools import TOOLS, openai_tools, run_tool  # noqa: E402
+from agent.policies.anthropic import AnthropicPolicy, cost_usd  # noqa: E402
+from agent.policies.openai import OpenAIPolicy  # noqa: E402
+from agent.policies.replay import ReplayPolicy, candidate_from_response  # noqa: E402
+from agent.policy import AttemptView, PolicyError, ProposeContext  # noqa: E402
+from fakes import anthropic_server as fa  # noqa: E402
+from fakes import openai_server as fo  # noqa: E402
+import evaluated  # noqa: E402
+from tools.export import model_turns  # noqa: E402
+from tools.result import Correctness  # noqa: E402
+from tools.store import attempt_columns, open_db  # noqa: E402
 
 TARGET = '''import torch
 import torch.nn as nn
