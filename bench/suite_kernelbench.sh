@@ -8,7 +8,7 @@
 #                unpacked first: carry back the suite.db.gz a previous call left in $OUT (as runs/suite-level1.db.gz)
 #                and this call continues where that one stopped (finished problems are skipped; the one in flight
 #                is resumed). A database over 15 MB gzipped comes back in parts, suite.db.gz.00, .01, ...: carry
-#                them back as DB.gz.00, DB.gz.01, ...
+#                them back as DB.gz.00, DB.gz.01, ... A DB.xz (as results/ keeps databases) is unpacked likewise.
 #   Environment: LEVELS (1), PROBLEMS (globs of --problems; default all), MAX_ATTEMPTS (3), JOBS (8 starters generated in parallel),
 #   GPUS (--gpus: all on a pair runs two problems at a time, one per GPU; default this process's GPU), BUDGET_S (400: seconds
 #   `kloop suite` runs before it is stopped with SIGINT, as Ctrl-C: the problem in flight is marked stopped, the
@@ -36,6 +36,9 @@ if [ ! -f "$DB" ] && [ -f "$DB.gz" ]; then
     gunzip -c "$DB.gz" > "$DB" && echo "continuing the suite in $DB (from $DB.gz)"
 elif [ ! -f "$DB" ] && [ -f "$DB.gz.00" ]; then   # a database that came back in parts
     cat "$DB".gz.[0-9][0-9] | gunzip -c > "$DB" && echo "continuing the suite in $DB (from $DB.gz.00...)"
+elif [ ! -f "$DB" ] && [ -f "$DB.xz" ]; then       # as results/ keeps them (Python's lzma: no xz binary needed)
+    python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
+        "$DB.xz" "$DB" && echo "continuing the suite in $DB (from $DB.xz)"
 fi
 
 args=("$KB" --levels "$LEVELS" --policy offline --max-attempts "$MAX_ATTEMPTS" --db "$DB" --out "$OUT/report")
