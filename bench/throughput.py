@@ -18,7 +18,8 @@ Phases (each skipped, and said so, when the --budget-s left cannot hold it):
 its attempts over the whole loop window (the first attempt waits for its target's one-time costs: the reference's
 first run and the torch.compile baseline's autotuning) and, beside it, the rate after the first attempt was logged.
 The last lines are a short table; the full report goes to OUT/throughput.json, every attempt's stages and waits to
-OUT/timeline.csv, the run database to OUT/throughput.db.gz.
+OUT/timeline.csv, the host's load every half second (busy cores, the driver process's cores, stopped planners) to
+OUT/host.csv, the run database to OUT/throughput.db.gz.
 """
 from __future__ import annotations
 
@@ -26,10 +27,12 @@ import argparse
 import csv
 import gzip
 import json
+import os
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -50,6 +53,65 @@ from tools.target import load_target  # noqa: E402
 SMALL = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")
 GOAL_PER_MINUTE = 60.0
 GOAL_OVERHEAD_S = 0.5
+
+
+class HostSampler:
+    """Every `every_s` while the bench runs, what the host does: the share of all cores busy (/proc/stat), the cores
+    this driver process uses (the loop, the pipeline's threads and the store share one GIL: near 1.0, it is the
+    bottleneck), and how many processes are stopped (SIGSTOP: jailed planners while a kernel is timed on their GPU).
+    Rows go to OUT/host.csv; each phase's medians and 90th percentiles to its report."""
+
+    COLUMNS = ("t_s", "phase", "cores_busy", "driver_cores", "stopped_processes")
+
+    def __init__(self, every_s: float = 0.5) -> None:
+        self.every_s, self.rows, self.label = every_s, [], ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="host-sampler", daemon=True)
+
+    @staticmethod
+    def _cpu_ticks() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)   # total, idle + iowait
+
+    @staticmethod
+    def _stopped() -> int:
+        count = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                count += stat.read_text().rsplit(")", 1)[1].split()[0] == "T"
+            except (OSError, IndexError):
+                continue
+        return count
+
+    def _run(self) -> None:
+        began, (total, idle), driver = time.monotonic(), self._cpu_ticks(), time.process_time()
+        while not self._stop.wait(self.every_s):
+            (t2, i2), d2 = self._cpu_ticks(), time.process_time()
+            busy = 1 - (i2 - idle) / (t2 - total) if t2 > total else 0.0
+            self.rows.append((round(time.monotonic() - began, 2), self.label, round(busy, 3),
+                              round((d2 - driver) / self.every_s, 3), self._stopped()))
+            total, idle, driver = t2, i2, d2
+
+    def start(self) -> "HostSampler":
+        self._thread.start()
+        return self
+
+    def stop(self, path: Path) -> None:
+        self._stop.set()
+        self._thread.join()
+        with open(path, "w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(self.COLUMNS)
+            out.writerows(self.rows)
+
+    def summary(self, label: str) -> dict:
+        rows = [r for r in self.rows if r[1] == label]
+        found = {}
+        for i, name in enumerate(self.COLUMNS[2:], start=2):
+            values = sorted(r[i] for r in rows)
+            if values:
+                found[name] = {"median": statistics.median(values), "p90": values[int(0.9 * (len(values) - 1))]}
+        return found
 
 
 class Clock:
@@ -120,9 +182,11 @@ def session_depth(settings: dict, session) -> int:
 
 
 def phase(store, targets: list[str], seconds: float, evaluator: dict, clock: Clock, label: str,
-          session_maker=None) -> dict:
+          session_maker=None, host: HostSampler | None = None) -> dict:
     """Targets run one after another in one evaluator session (started, and warm, before the first)."""
     out = {"label": label, "evaluator": evaluator, "targets": [], "skipped": []}
+    if host is not None:
+        host.label = label
     per_target = seconds + 25   # the window drains past the budget, then the best is re-timed
     began = time.monotonic()
     session = session_maker() if session_maker else runs.evaluator_session(
@@ -147,6 +211,8 @@ def phase(store, targets: list[str], seconds: float, evaluator: dict, clock: Clo
                 f"beyond compile {row['overhead_beyond_compile_s']}, "
                 f"GPU {row['device_s']} s; best {row['final_us']} us")
             out["targets"].append(row)
+    if host is not None:
+        out["host"] = host.summary(label)
     return out
 
 
@@ -178,6 +244,11 @@ def table(report: dict) -> str:
             lines.append(f"{key[:12]:<12} {'(min/med)':<11} {'':>4} {min(rates):>6.1f} / {statistics.median(rates):.1f}"
                          f"  planners {ph['planners']}, devices {len(ph['devices'])}, started in {ph['start_s']:.0f} s"
                          + (f", skipped {','.join(ph['skipped'])}" if ph["skipped"] else ""))
+        host = ph.get("host") or {}
+        if host:
+            lines.append(f"{key[:12]:<12} host: " + ", ".join(
+                f"{name} {v['median']:g} (p90 {v['p90']:g})" for name, v in host.items())
+                + f" [cores busy: share of {os.cpu_count()}]")
     for key, error in report.get("errors", {}).items():
         lines.append(f"ERROR in {key}: {error.strip().splitlines()[-1][:200]}")
     for goal in report.get("goals", []):
@@ -302,19 +373,23 @@ def main() -> None:
         attempt("breakdown", breakdown)
     evaluator = {"gpus": args.gpus, "planners": args.planners}
     evaluator = {k: v for k, v in evaluator.items() if v is not None}
+    host = HostSampler().start()
     if "pipelined" in phases:
-        attempt("pipelined", lambda: phase(store, targets, args.seconds_per_target, evaluator, clock, "pipelined"))
+        attempt("pipelined", lambda: phase(store, targets, args.seconds_per_target, evaluator, clock, "pipelined",
+                                           host=host))
     seq_targets = [t for t in args.sequential_targets.split(",") if t]
     if "sequential" in phases and seq_targets and clock.left() > args.sequential_seconds + 35:
         attempt("sequential", lambda: phase(store, seq_targets, args.sequential_seconds,
                                             {"pipeline": 1, "planners": 1}, clock, "sequential",
-                                            lambda: Session(spares=2, planners=1)))
+                                            lambda: Session(spares=2, planners=1), host))
     if "one-gpu" in phases:
         first = runs.gpu_list(args.gpus)[:1]
         one = {**evaluator, "gpus": None}
         planners = runs.planners_for(one, 1, load_target(targets[0]))
         attempt("scaling_one_gpu", lambda: phase(store, targets, args.seconds_per_target, one, clock, "one GPU",
-                                                 lambda: Session(spares=planners, gpus=first, planners=planners)))
+                                                 lambda: Session(spares=planners, gpus=first, planners=planners),
+                                                 host))
+    host.stop(args.out / "host.csv")
     save()
     say("")
     say(table(report))
