@@ -41,6 +41,12 @@ CASES = {
     "2d_transposed_padding_past_stride": ((2, 17, 4, 5), (17, 6, 5, 7), [3, 2], [4, 3], [1, 1], True, [2, 1], 1,
                                           True),
     "1d_transposed_kernel_under_stride": ((2, 3, 6), (3, 5, 1), [3], [0], [1], True, [2], 1, True),
+    # ... and with dilation: coprime with the stride (level 1's 81: every 5th tap), sharing a factor (79: odd phases
+    # have none), equal to it (one phase holds every tap)
+    "2d_transposed_dilation_coprime": ((1, 4, 4, 5), (4, 6, 3, 3), [5, 5], [1, 1], [2, 2], True, [0, 0], 1, True),
+    "1d_transposed_dilation_shared": ((2, 17, 9), (17, 4, 3), [2], [1], [2], True, [1], 1, False),
+    "3d_transposed_dilation_is_stride": ((1, 3, 3, 2, 4), (3, 5, 2, 3, 2), [3, 1, 2], [1, 0, 2], [3, 2, 4], True,
+                                         [2, 0, 1], 1, True),
 }
 
 

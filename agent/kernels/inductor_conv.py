@@ -10,8 +10,8 @@ everything around it; the candidate computes the op with `_conv` below, whose so
 The kernel is an implicit GEMM over any 1-, 2- or 3-D convolution, transposed or not, with groups, stride, padding,
 dilation and output padding: rows are output positions (n, od, oh, ow), columns the output channels of one group (one
 group per program along grid z), and the reduction runs over (input channel, kd, kh, kw) of that group, the input
-gathered with masks (a transposed convolution gathers the input positions whose stride divides the offset; without
-dilation, grid z also picks a stride phase of the output, whose taps all contribute, rather than masking (S-1)/S of
+gathered with masks (a transposed convolution gathers the input positions whose stride divides the offset; with a
+stride, grid z also picks a stride phase of the output, whose taps all contribute, rather than masking (S-1)/S of
 them per dimension): a kernel tap at a time with its channels in BLOCK_K steps where a group has 16 input channels or
 more (the position math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps. 1-D and 2-D
 convolutions run as 3-D with leading sizes of 1. Sizes, strides and convolution parameters are runtime arguments, so
@@ -147,14 +147,16 @@ def traced_as_one_op():
 @triton.jit
 def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
                  ID, IH, IW, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW,
+                 TSD, TSH, TSW, INVD, INVH, INVW,
                  sxn, sxc, sxd, sxh, sxw, swa, swb, swd, swh, sww,
                  HAS_BIAS: tl.constexpr, TRANSPOSED: tl.constexpr, PHASED: tl.constexpr, USE_DOT: tl.constexpr,
                  IEEE: tl.constexpr, LARGE: tl.constexpr, TAPS_OUTER: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # Index math is int32 unless LARGE (an offset of 2**31 or more in x, w or y): per row and per (row, k) element,
     # int64 math (its divisions above all) takes the registers that the tiles need.
-    # PHASED (transposed, dilation 1): grid z is (group, stride phase); a program's rows are output positions o with
-    # (o + P) % S == q in every dimension, whose taps are exactly k = q, q + S, ...: no tap masked for the stride.
+    # PHASED (transposed): grid z is (group, stride phase); a program's rows are output positions o with (o + P) % S
+    # == q in every dimension, whose taps are exactly those with k * D = q (mod S), every TS-th from the first
+    # (_conv_phase_taps): no tap masked for the stride.
     z = tl.program_id(2)
     pid_m = tl.program_id(0)
     j = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -179,9 +181,10 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         od = ((qd - PD) % SD + SD) % SD + (u // (UW * UH)) * SD
         row_ok = row_ok & (od < OD) & (oh < OH) & (ow < OW)
         r = (od * OH + oh) * OW + ow
-        TKD, TKH, TKW = tl.maximum(KD - qd + SD - 1, 0) // SD, tl.maximum(KH - qh + SH - 1, 0) // SH, \
-            tl.maximum(KW - qw + SW - 1, 0) // SW
-        kd0, kh0, kw0, ksd, ksh, ksw = qd, qh, qw, SD, SH, SW
+        TKD, kd0 = _conv_phase_taps(qd, KD, SD, TSD, INVD)
+        TKH, kh0 = _conv_phase_taps(qh, KH, SH, TSH, INVH)
+        TKW, kw0 = _conv_phase_taps(qw, KW, SW, TSW, INVW)
+        ksd, ksh, ksw = TSD, TSH, TSW
     else:
         g = z
         n = m // spatial
@@ -263,6 +266,15 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         acc += tl.load(b_ptr + co, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y_off = (n * C_OUT * spatial + r)[:, None] + (co * spatial)[None, :]
     tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _conv_phase_taps(q, K, S, TS, INV):
+    # A transposed convolution's taps k in stride phase q, where k * D = q (mod S): with G = gcd(D, S) = S / TS, none
+    # unless G divides q, else every TS-th from k0 = (q / G) * INV mod TS (INV: the inverse of D / G mod TS).
+    G = S // TS
+    k0 = ((q // G) * INV) % TS
+    return tl.where(q % G == 0, tl.maximum(K - k0 + TS - 1, 0) // TS, 0), k0
 
 
 @triton.jit
@@ -353,16 +365,24 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
     narrowest = triton.next_power_of_2(c_out_g)
     block_n = min(CONV_BLOCK_N, max(16, narrowest)) if use_dot else narrowest
     block_k = CONV_BLOCK_K if use_dot else min(CONV_BLOCK_K, 16)
-    # A strided transposed convolution without dilation runs one program set per stride phase (the kernel's PHASED):
-    # as one GEMM, (S-1)/S of its taps per dimension are masked.
-    phased = bool(transposed) and s_d * s_h * s_w > 1 and d_d == d_h == d_w == 1
+    # A strided transposed convolution runs one program set per stride phase (the kernel's PHASED): as one GEMM, most
+    # of its taps are masked ((S-1)/S per dimension without dilation).
+    phased = bool(transposed) and s_d * s_h * s_w > 1
     phases = s_d * s_h * s_w if phased else 1
+    tap_steps, inverses = [], []
+    for s, d in ((s_d, d_d), (s_h, d_h), (s_w, d_w)):
+        g, rest = s, d   # gcd(s, d)
+        while rest:
+            g, rest = rest, g % rest
+        tap_steps.append(s // g)
+        inverses.append(pow(d // g, -1, s // g) if s // g > 1 else 0)
     if phased:   # rows of one phase: the images times the output positions per phase, rounded up
         rows = x.shape[0] * (-(-o_d // s_d)) * (-(-o_h // s_h)) * (-(-o_w // s_w))
     grid = ((rows + CONV_BLOCK_M - 1) // CONV_BLOCK_M, (c_out_g + block_n - 1) // block_n, groups * phases)
     _conv_kernel[grid](x, w, b if b is not None else y, y, rows, c_out, c_in_g, c_out_g, phases,
                        i_d, i_h, i_w, o_d, o_h, o_w, k_d, k_h, k_w, s_d, s_h, s_w, p_d, p_h, p_w, d_d, d_h, d_w,
-                       *x_strides, *w_strides, HAS_BIAS=b is not None, TRANSPOSED=bool(transposed), PHASED=phased,
+                       *tap_steps, *inverses, *x_strides, *w_strides, HAS_BIAS=b is not None,
+                       TRANSPOSED=bool(transposed), PHASED=phased,
                        USE_DOT=use_dot, IEEE=x.dtype == torch.float32, LARGE=reach >= INT32_REACH,
                        TAPS_OUTER=c_in_g >= 16, BLOCK_M=CONV_BLOCK_M, BLOCK_N=block_n,
                        BLOCK_K=block_k, num_warps=CONV_NUM_WARPS, num_stages=CONV_NUM_STAGES)
@@ -371,6 +391,7 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
 
 def candidate_source() -> str:
     """The kernel and its launcher as a candidate holds them (the tunables are written by the generator)."""
-    functions = (output_sizes, _conv_kernel.fn, _conv_accumulate.fn, _conv_depthwise_kernel.fn, _conv)
+    functions = (output_sizes, _conv_kernel.fn, _conv_phase_taps.fn, _conv_accumulate.fn, _conv_depthwise_kernel.fn,
+                 _conv)
     constants = f"INT32_REACH = {INT32_REACH}\nPRODUCT_SUM_MAX_N = {PRODUCT_SUM_MAX_N}\n\n\n"
     return constants + "\n\n".join(inspect.getsource(f) for f in functions)
