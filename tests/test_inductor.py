@@ -230,14 +230,18 @@ def test_launch_grids_follow_inductors_grid_types():
 ])
 def test_every_constant_a_launcher_reads_is_a_tunable_with_a_default(kind, blocks):
     params = ", ".join(["in_ptr0", "out_ptr0"] + [f"{b[0].lower()}numel" for b in ("Y", "X") if f"{b}BLOCK" in blocks]
-                       + (["r0_numel"] if "R0_BLOCK" in blocks else []) + [f"{b} : tl.constexpr" for b in blocks])
+                       + (["r0_numel"] if "R0_BLOCK" in blocks else [])
+                       + [f"{b} : tl.constexpr" for b in blocks])
     text = KERNEL.replace("@triton_heuristics.pointwise(", f"@triton_heuristics.{kind}(").replace(
         "(in_ptr0, in_ptr1, out_ptr0, xnumel, XBLOCK : tl.constexpr)", f"({params})")
     kernel = parse_kernel("triton_poi_fused_add_mul_0", text)
     assert (kernel.kind, kernel.constexprs) == (kind, blocks)
     tunables, defaults = inductor.kernel_tunables(0, kernel)
-    read = set(re.findall(r"\bK0_\w+", launcher(0, kernel)))
+    launch = launcher(0, kernel)
+    read = set(re.findall(r"\bK0_\w+", launch))
     assert read <= set(defaults), read - set(defaults)
+    if kind == "persistent_reduction":   # its block holds the whole reduction: sized by the launcher, not tuned
+        assert "R0_BLOCK = _next_power_of_2(r0_numel)" in launch and "K0_R0_BLOCK" not in defaults
     assert set(tunables) == set(defaults) and all(defaults[name] in tunables[name] for name in defaults)
 
 
