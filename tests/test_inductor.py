@@ -352,6 +352,27 @@ def test_split_counts_fill_the_gpu_and_divide_k():
     assert inductor._split_count(4096, 4096, 131072 * 4) == 1     # 4096 tiles already fill the GPU
 
 
+def test_only_a_full_precision_long_k_matmul_is_split():
+    """The rewrite on Dynamo's graph, before Inductor: fp32 splits K; bf16 partial products would each be rounded, so
+    bf16 keeps one GEMM; a matrix-vector product is a reduction in any precision."""
+    import torch._dynamo
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((inductor.rewrite_long_matmuls(gm), {str(n.target) for n in gm.graph.nodes}))
+        return gm.forward
+
+    for dtype, k, n in ((torch.float32, 4096, 24), (torch.bfloat16, 4096, 24), (torch.bfloat16, 4096, 1),
+                        (torch.float32, 256, 24)):
+        torch._dynamo.reset()
+        a, b = torch.rand(16, k, dtype=dtype), torch.rand(k, n, dtype=dtype)
+        torch.testing.assert_close(torch.compile(lambda x, y: x @ y, backend=backend, dynamic=False)(a, b), a @ b,
+                                   rtol=1e-2, atol=1e-2)
+    assert [count for count, _ in graphs] == [1, 0, 1, 0]
+    assert any("bmm" in t for t in graphs[0][1]) and not any("bmm" in t for t in graphs[2][1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec, main_kernels", [
     ("tests/targets/kb_long_k_matmul.py", ["_tem_fused_bmm_transpose_view_0_main", "_fused_sum_1_main"]),

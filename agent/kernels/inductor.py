@@ -282,8 +282,8 @@ def rewrite_long_matmuls(gm) -> int:
     is computed another way that gives the same product (up to the order of the sums), as Inductor's own decompose_k
     does (which kloop's codegen-only capture cannot benchmark):
     - a matrix-vector product (N or M is 1) is a product and a sum over K: a memory-bound reduction;
-    - for K >= LONG_K_RATIO * max(M, N), K is split in S parts, multiplied as one batched GEMM [S, M, K/S] x
-      [S, K/S, N], and the S partial products summed.
+    - for K >= LONG_K_RATIO * max(M, N) in fp32 or fp64, K is split in S parts, multiplied as one batched GEMM
+      [S, M, K/S] x [S, K/S, N], and the S partial products summed.
     Returns how many were rewritten."""
     import operator
 
@@ -302,7 +302,8 @@ def rewrite_long_matmuls(gm) -> int:
             continue
         (m, k), n = va.shape, vb.shape[1]
         splits = _split_count(m, n, k)
-        if min(m, n) != 1 and splits < 2:
+        # half-precision partial products would each be rounded to 16 bits before the sum: those keep one GEMM
+        if min(m, n) != 1 and (splits < 2 or va.dtype not in (torch.float32, torch.float64)):
             continue
 
         def emit(fn, *args, **kwargs):
