@@ -410,7 +410,7 @@ def report_markdown(summaries: dict[str, dict], results: list[dict], context: di
     lines += [markdown_table(["", ""], machine), ""]
     if not timed:
         lines += [f"**{NO_TIMING}.**", ""]
-    if len(gpu_counts(results)) > 1:
+    if len(context.get("gpus") or {}) > 1:
         lines += ["**The problems ran on more than one kind of GPU** (a suite resumed on another machine). Each "
                   "speedup is against baselines timed beside the kernel on its own GPU; problems.csv's `gpu` column "
                   "names it. The times in microseconds compare only within one GPU.", ""]
@@ -528,7 +528,7 @@ def write_suite_report(store, rows: list[dict], out_dir, context: dict | None = 
     first = next((r for r in results if r["gpu"] or r["versions"]), {})
     context.setdefault("gpu", first.get("gpu"))
     context.setdefault("versions", first.get("versions"))
-    per_gpu = gpu_counts(results)
+    context["gpus"] = per_gpu = gpu_counts(results)
     if len(per_gpu) > 1:   # a suite resumed on another kind of GPU: say so wherever the GPU is named
         context["gpu"] = {**(context.get("gpu") or {}),
                           "name": ", ".join(f"{name} ({count} problems)" for name, count in per_gpu.items())}

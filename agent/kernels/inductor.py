@@ -609,17 +609,14 @@ def kernel_tunables(i: int, k: Kernel, interpreter: bool = False) -> tuple[dict[
         return tunables, defaults
     if k.kind == "pointwise" and k.constexprs == ["XBLOCK"]:
         add("XBLOCK", POINTWISE_XBLOCK, 1024, kwargs.get("XBLOCK"))
-    elif k.kind == "pointwise":
-        for c in k.constexprs:
-            add(c, TILE_BLOCK, 32 if c == "XBLOCK" else 16, kwargs.get(c))
     elif k.kind == "persistent_reduction":
         add("XBLOCK", PERSISTENT_XBLOCK, 8, kwargs.get("XBLOCK"))
-    else:
+    elif k.kind == "reduction":
         add("XBLOCK", LOOPED_XBLOCK, 1, kwargs.get("XBLOCK"))
         add("R0_BLOCK", LOOPED_R0_BLOCK, 1024, kwargs.get("R0_BLOCK"))
-    for c in k.constexprs:  # any other tile of a reduction (a tiled one has YBLOCK): Inductor's value, tunable
+    for c in k.constexprs:  # every other tile (a tiled pointwise kernel's, a tiled reduction's YBLOCK): Inductor's value
         if c.endswith("BLOCK") and p + c not in tunables and not (c == "R0_BLOCK" and k.kind == "persistent_reduction"):
-            add(c, TILE_BLOCK, 16, kwargs.get(c))
+            add(c, TILE_BLOCK, 32 if c == "XBLOCK" else 16, kwargs.get(c))
     add("NUM_WARPS", NUM_WARPS, 8 if k.kind != "pointwise" else 4, first["num_warps"])
     if k.kind == "reduction":
         add("NUM_STAGES", NUM_STAGES, 1, first["num_stages"])

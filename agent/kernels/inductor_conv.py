@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from unittest import mock
 
 import torch
@@ -369,15 +370,12 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
     # of its taps are masked ((S-1)/S per dimension without dilation).
     phased = bool(transposed) and s_d * s_h * s_w > 1
     phases = s_d * s_h * s_w if phased else 1
-    tap_steps, inverses = [], []
-    for s, d in ((s_d, d_d), (s_h, d_h), (s_w, d_w)):
-        g, rest = s, d   # gcd(s, d)
-        while rest:
-            g, rest = rest, g % rest
-        tap_steps.append(s // g)
-        inverses.append(pow(d // g, -1, s // g) if s // g > 1 else 0)
+    tap_steps, inverses = [1, 1, 1], [0, 0, 0]   # read by the kernel only when PHASED
     if phased:   # rows of one phase: the images times the output positions per phase, rounded up
         rows = x.shape[0] * (-(-o_d // s_d)) * (-(-o_h // s_h)) * (-(-o_w // s_w))
+        pairs = ((s_d, d_d), (s_h, d_h), (s_w, d_w))
+        tap_steps = [s // math.gcd(s, d) for s, d in pairs]
+        inverses = [pow(d // (s // t), -1, t) if t > 1 else 0 for (s, d), t in zip(pairs, tap_steps)]
     grid = ((rows + CONV_BLOCK_M - 1) // CONV_BLOCK_M, (c_out_g + block_n - 1) // block_n, groups * phases)
     _conv_kernel[grid](x, w, b if b is not None else y, y, rows, c_out, c_in_g, c_out_g, phases,
                        i_d, i_h, i_w, o_d, o_h, o_w, k_d, k_h, k_w, s_d, s_h, s_w, p_d, p_h, p_w, d_d, d_h, d_w,
@@ -393,5 +391,5 @@ def candidate_source() -> str:
     """The kernel and its launcher as a candidate holds them (the tunables are written by the generator)."""
     functions = (output_sizes, _conv_kernel.fn, _conv_phase_taps.fn, _conv_accumulate.fn, _conv_depthwise_kernel.fn,
                  _conv)
-    constants = f"INT32_REACH = {INT32_REACH}\nPRODUCT_SUM_MAX_N = {PRODUCT_SUM_MAX_N}\n\n\n"
+    constants = f"import math\n\nINT32_REACH = {INT32_REACH}\nPRODUCT_SUM_MAX_N = {PRODUCT_SUM_MAX_N}\n\n\n"
     return constants + "\n\n".join(inspect.getsource(f) for f in functions)
