@@ -186,6 +186,11 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         TKH, kh0 = _conv_phase_taps(qh, KH, SH, TSH, INVH)
         TKW, kw0 = _conv_phase_taps(qw, KW, SW, TSW, INVW)
         ksd, ksh, ksw = TSD, TSH, TSW
+        # A phase may have no taps (its rows get the bias alone) and its tap loop runs zero times. Dividing by its
+        # zero tap count gave wrong sums on an H100, never in the interpreter: likely because a pipelined loop
+        # computes its first step's addresses before the trip-count test, and a division by zero is undefined
+        # behaviour to LLVM. Divide by at least 1.
+        DIV_KD, DIV_KH, DIV_KW = tl.maximum(TKD, 1), tl.maximum(TKH, 1), tl.maximum(TKW, 1)
     else:
         g = z
         n = m // spatial
@@ -194,6 +199,7 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         oh = (r // OW) % OH
         od = r // (OW * OH)
         TKD, TKH, TKW = KD, KH, KW
+        DIV_KD, DIV_KH, DIV_KW = KD, KH, KW
         kd0, kh0, kw0, ksd, ksh, ksw = 0, 0, 0, 1, 1, 1
     x_rows = n * sxn + g * C_IN_G * sxc
     if TRANSPOSED:  # w is (C_in, C_out / groups, kd, kh, kw); output o takes input i where o = i * S - P + k * D
@@ -205,9 +211,9 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TAPS_OUTER:  # one kernel tap at a time, its channels in BLOCK_K steps: the position math is per row only
         for tap in range(0, TKD * TKH * TKW):
-            kw = kw0 + (tap % TKW) * ksw
-            kh = kh0 + ((tap // TKW) % TKH) * ksh
-            kd = kd0 + (tap // (TKW * TKH)) * ksd
+            kw = kw0 + (tap % DIV_KW) * ksw
+            kh = kh0 + ((tap // DIV_KW) % DIV_KH) * ksh
+            kd = kd0 + (tap // (DIV_KW * DIV_KH)) * ksd
             if TRANSPOSED:
                 td, th, tw = bd - kd * DD, bh - kh * DH, bw - kw * DW
                 ok = (td >= 0) & (th >= 0) & (tw >= 0)
@@ -234,12 +240,12 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         K = C_IN_G * TKD * TKH * TKW
         for k0 in range(0, K, BLOCK_K):
             k = k0 + ks
-            kw = kw0 + (k % TKW) * ksw
-            t = k // TKW
-            kh = kh0 + (t % TKH) * ksh
-            t = t // TKH
-            kd = kd0 + (t % TKD) * ksd
-            c = t // TKD
+            kw = kw0 + (k % DIV_KW) * ksw
+            t = k // DIV_KW
+            kh = kh0 + (t % DIV_KH) * ksh
+            t = t // DIV_KH
+            kd = kd0 + (t % DIV_KD) * ksd
+            c = t // DIV_KD
             if TRANSPOSED:
                 td = bd[:, None] - (kd * DD)[None, :]
                 th = bh[:, None] - (kh * DH)[None, :]
