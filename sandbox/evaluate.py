@@ -1011,8 +1011,12 @@ class Evaluation:
         self._referee_start = self.device.referee_starts
 
     def _waited(self, what: str, since: float) -> None:
+        """Time spent waiting on `what`, summed, and how many waits: a slower call and more calls look alike in
+        the sum alone."""
         waited = self.result.durations_s.setdefault("waited", {})
         waited[what] = round(waited.get(what, 0.0) + time.perf_counter() - since, 4)
+        calls = self.result.durations_s.setdefault("calls", {})
+        calls[what] = calls.get(what, 0) + 1
 
     def _ok(self, reply: dict, hidden: int | None, stage: str = "") -> bool:
         status = reply.get("status")

@@ -434,6 +434,10 @@ def test_the_real_session_plans_while_its_device_evaluates():
     first, second = sorted((times[0], times[2]), key=lambda t: t["device_start"])
     assert first["device_end"] <= second["device_start"]
     assert {"plan", "load", "verify", "profile", "busy", "queued"} <= set(results[2].durations_s)
+    # Each wait is counted: every trial is one replay by the executor and one check by the referee.
+    durations = results[0].durations_s
+    assert set(durations["calls"]) == set(durations["waited"])
+    assert durations["calls"]["executor:round"] == durations["calls"]["referee:check"] == results[0].correctness.trials
 
 
 # -- Ray, a local cluster of several nodes ---------------------------------------------------------------------------
