@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from agent.output import fail, make_console
@@ -215,7 +216,7 @@ def print_goals(report: dict) -> None:
             console.print(f"[red]{r['target']}: no attempt verified correct[/]", highlight=False)
         elif r["final_verdict"] != "correct":
             console.print(f"[red]{r['target']}: the best attempt #{r['best_attempt']} was {r['final_verdict']} when "
-                          f"re-verified[/] ({'; '.join(r['final_reasons'])[:200]})", highlight=False)
+                          f"re-verified[/] ({escape('; '.join(r['final_reasons'])[:200])})", highlight=False)
     console.print("goals:")
     for goal in report["goals"]:
         mark = {True: "[green]PASS[/]", False: "[red]FAIL[/]", None: "[yellow]n/a [/]"}[goal["passed"]]

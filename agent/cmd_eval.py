@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from agent.output import fail, make_console, plural
@@ -50,7 +51,7 @@ def eval_command(
         make_console(stderr=True).print("interrupted: no verdict", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
     if as_json:
-        print(json.dumps(result.to_dict(), default=str))
+        print(json.dumps({**result.to_dict(), "withheld": result.withheld}, default=str))
     else:
         print_summary(result)
     raise typer.Exit(0 if result.correct else 1)
@@ -61,8 +62,10 @@ def print_summary(r: EvalResult) -> None:
     ran_on = r.executed_on or ("nothing: the PTX was assembled for sm_90, not run (no CUDA GPU)"
                                if r.language == "ptx" and r.ptx else "nothing (not run)")
     console.print(f"verdict: [bold {color}]{r.verdict}[/]  language: {r.language}  ran on: {ran_on}")
-    for reason in r.reasons:
-        console.print(f"  - {reason}", highlight=False)
+    for reason in r.reasons:   # escaped: a candidate's own error text is no markup
+        console.print(f"  - {escape(reason)}", highlight=False)
+    for reason in r.withheld:
+        console.print(f"  - withheld from the policy: {escape(reason)}", highlight=False)
     if r.correctness:
         c = r.correctness
         console.print(f"correctness: {plural(c.trials, 'trial')} over {plural(c.shapes, 'shape')}, "

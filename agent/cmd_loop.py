@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from agent import run as runs
@@ -196,11 +197,15 @@ def show_command(
                   + (f" ({run['notes']})" if run["notes"] else ""), highlight=False)
     table = Table("#", "branch", "lang", "what", "verdict", "x eager", "x compile", "SOL", "median us", "why")
     for a in attempts:
-        table.add_row(str(a["number"]), str(a["branch"]), a["language"] or "", attempt_label(a["source"] or ""),
+        label = escape(attempt_label(a["source"] or ""))   # escaped: candidate text is no markup
+        table.add_row(str(a["number"]), str(a["branch"]), a["language"] or "", label,
                       a["verdict"] or "", _num(a["speedup_eager"], "{:.2f}"), _num(a["speedup_compile"], "{:.2f}"),
                       _num(a["sol_fraction"], "{:.0%}"), _num((a["time_us"] or {}).get("median"), "{:.2f}"),
-                      (a["reasons"] or [""])[0][:80])
+                      escape((a["reasons"] or [""])[0][:80]))
     console.print(table)
+    for a in attempts:
+        for reason in a.get("withheld") or []:   # the operator's own view of what the policy was not told
+            console.print(f"#{a['number']} withheld from the policy: {escape(reason)}", highlight=False)
     if attempts and not any((a["time_us"] or {}).get("median") for a in attempts):
         console.print("no attempt was timed (no CUDA GPU): correct attempts are not ranked, the first one stays "
                       "the best", highlight=False)

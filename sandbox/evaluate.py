@@ -57,6 +57,7 @@ LARGE_STATE_BYTES = 1 << 30  # weights above this get jailed processes with room
 # one of the two.
 TRIAL_POISONS = (0xFF, 0x00)
 INPUTS_TIMEOUT_S = 600   # making one set of a shape's inputs (seconds at KernelBench's full sizes)
+WITHHELD_CHARS = 2000   # of each reason kept for the operator (a traceback's last lines fit)
 PRUNE_TRIALS = 2   # main-shape trials timed before pruning (the faster counts: a first call may load lazily)
 # torch.compile modes the compile baseline can take. max-autotune-no-cudagraphs (autotuned Triton and GEMM templates)
 # is the stronger bar; "default" is what `torch.compile(model)` does, and KernelBench's published torch.compile
@@ -1032,8 +1033,13 @@ class Evaluation:
         return False
 
     def _hidden(self, index: int | None, verdict: str, *reasons: str) -> list[str]:
-        """Reasons as the policy may see them: nothing about a hidden shape but its number and the verdict."""
-        return list(reasons) if not index else [f"hidden variant {index}: {verdict}"]
+        """Reasons as the policy may see them: nothing about a hidden shape but its number and the verdict. The
+        whole reasons go to the operator alone (EvalResult.withheld)."""
+        if not index:
+            return list(reasons)
+        if self.result.verdict in (None, "correct"):   # the failure that decides the verdict, as _finish keeps it
+            self.result.withheld += [f"hidden variant {index}: {verdict}: {r[:WITHHELD_CHARS]}" for r in reasons]
+        return [f"hidden variant {index}: {verdict}"]
 
     def _finish(self, verdict: str, *reasons: str) -> None:
         if self.result.verdict is None or self.result.verdict == "correct":

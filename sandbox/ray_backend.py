@@ -125,7 +125,7 @@ def plan_here(target: dict, source: str, settings: EvalSettings, index: int) -> 
     try:
         ev.plan()
         plans = pack(ev.plans_dir) if ev.result.verdict is None and ev.plans_dir is not None else None
-        return ev.result.to_dict(), plans
+        return ev.result.to_dict(withheld=True), plans
     finally:
         ev.close()
 
@@ -154,13 +154,13 @@ class DeviceActor:
             ev.profile()
         finally:
             ev.release_device()
-        return ev.close().to_dict()
+        return ev.close().to_dict(withheld=True)
 
     def versus(self, target: dict, source: str, settings: EvalSettings, index: int, planned: dict, plans: bytes,
                best: tuple | None) -> dict:
         ev = self._evaluation(target, source, settings, index, planned, plans, best)
         ev.versus_standing_best(self.session.devices[0])
-        return ev.close().to_dict()
+        return ev.close().to_dict(withheld=True)
 
     def _evaluation(self, target, source, settings, index, planned, plans, best) -> Evaluation:
         if target["source"] not in self._targets:
@@ -250,8 +250,8 @@ class RemoteEvaluation:
         kept = [f for f in self.result.flags if f.startswith("device_lost")]
         try:
             answer = ray.get(getattr(self.device.actor, method).remote(
-                target_spec(self.target), self.source, self.settings, self.index, self.result.to_dict(), self.plans,
-                self.session.best_for(self.target)))
+                target_spec(self.target), self.source, self.settings, self.index, self.result.to_dict(withheld=True),
+                self.plans, self.session.best_for(self.target)))
         except LOST as e:
             raise DeviceLost(f"{self.device.name}: {type(e).__name__}") from None
         self.result = EvalResult.from_dict(answer)

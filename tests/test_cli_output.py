@@ -136,6 +136,32 @@ def test_runs_and_show_print_whole_cells_when_piped(tmp_path):
     assert "no attempt was timed (no CUDA GPU)" in shown.output
 
 
+def test_a_candidates_text_is_printed_as_it_is_never_as_markup(tmp_path, monkeypatch):
+    # A reason carries the candidate's own error text; "[/]" as rich markup stopped `kloop show` and `kloop eval`
+    # with a MarkupError. What a hidden variant withheld from the policy is shown to the operator, also verbatim.
+    from agent.cmd_eval import print_summary
+    from tools.result import EvalResult
+
+    result = EvalResult(verdict="runtime_error", reasons=["hidden variant 1: runtime_error"],
+                        withheld=["hidden variant 1: runtime_error: ValueError: [/] [bold]x[/bold] at (7, 13)"])
+    out = io.StringIO()
+    monkeypatch.setattr("agent.cmd_eval.console", Output(file=out))
+    print_summary(result)
+    print_summary(EvalResult(verdict="runtime_error", reasons=["ValueError: [/]"]))
+    text = out.getvalue()
+    assert "withheld from the policy: hidden variant 1: runtime_error: ValueError: [/] [bold]x[/bold] at (7, 13)" in text
+    assert "  - ValueError: [/]" in text
+    db = tmp_path / "k.db"
+    store = open_db(db)
+    run_id = store.create_run(target_name="vector_add", policy="offline", settings={})
+    store.add_attempt(run_id, source="# [/] a label\nimport torch\n", **attempt_columns(result))
+    store.close()
+    shown = cli("show", run_id, "--db", db)
+    assert shown.exit_code == 0, shown.output
+    assert "#1 withheld from the policy: hidden variant 1: runtime_error: ValueError: [/] [bold]x[/bold] at (7, 13)" \
+        in shown.output
+
+
 def test_runs_json(tmp_path):
     db = tmp_path / "k.db"
     run_id = make_runs_db(db)

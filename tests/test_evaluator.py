@@ -210,6 +210,9 @@ def test_hidden_shapes_stay_hidden(tiny, session):
     r = judge(tiny, "hidden_shapes", session)
     assert r.verdict == "runtime_error" and r.reasons == ["hidden variant 1: runtime_error"]
     assert "LEAK" not in text_of(r)
+    # ... but the operator is told why (EvalResult.withheld: the attempts table's own column, never to_dict)
+    assert len(r.withheld) == 1 and r.withheld[0].startswith("hidden variant 1: runtime_error: ")
+    assert "ValueError: LEAK shape" in r.withheld[0]
 
 
 def _processes_mentioning(marker: str) -> list[int]:

@@ -398,6 +398,22 @@ def test_rl_rows_rewards_and_groups(runs_db, tmp_path):
     assert len({r["group_id"] for r in rows}) == 3
 
 
+def test_no_export_carries_what_a_hidden_variant_withheld(runs_db, tmp_path):
+    # an attempt's `withheld` (why a hidden variant failed, in full) is the operator's: a trained model never sees it
+    db, ids = runs_db
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE attempts SET withheld = ? WHERE verdict = 'incorrect'",
+                     [json.dumps(["hidden variant 1: incorrect: SECRET-SHAPE (7, 13)"])])
+    for fmt, extra in (("trl", ["--all-verdicts"]), ("openai", []), ("rl", []), ("verl", []), ("kernelbook", []),
+                       ("flashinfer", [])):
+        out = tmp_path / fmt / ("out" if fmt == "flashinfer" else f"out.{'parquet' if fmt == 'verl' else 'jsonl'}")
+        (tmp_path / fmt).mkdir()
+        result = run_export(db, out, "--format", fmt, *extra)
+        assert result.exit_code == 0, (fmt, result.output)
+        written = [p for p in (tmp_path / fmt).rglob("*") if p.is_file()]
+        assert written and not any(b"SECRET-SHAPE" in p.read_bytes() for p in written), fmt
+
+
 def test_scalar_reward_formula():
     assert scalar_reward({"correct": True, "speedup_eager": None}) == 1.0
     assert scalar_reward({"correct": True, "speedup_eager": 2.0}) == 1.5

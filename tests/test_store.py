@@ -1,3 +1,4 @@
+import json
 import sqlite3
 import threading
 
@@ -210,6 +211,19 @@ def test_history_reads_each_attempt_once_without_its_sass(db):
     assert [(a["number"], a["source"]) for a in db.history(run_id)] == [(1, "a"), (2, "b"), (3, "c")]
     assert [a["source"] for a in db.history(run_id, 0)] == ["a", "c"]
     assert [a["source"] for a in db.attempts(run_id)] == ["a", "b", "c"]
+
+
+def test_why_a_hidden_variant_failed_is_kept_for_the_operator_alone(db):
+    result = EvalResult(verdict="runtime_error", reasons=["hidden variant 2: runtime_error"],
+                        withheld=["hidden variant 2: runtime_error: ValueError: shape (7, 13)"])
+    columns = attempt_columns(result)
+    assert "withheld" not in columns["result"] and "(7, 13)" not in json.dumps(result.to_dict())
+    run_id = db.create_run(target_name="t")
+    db.add_attempt(run_id, source="a", **columns)
+    assert db.attempts(run_id)[0]["withheld"] == result.withheld          # kloop show's view
+    assert db.attempts(run_id)[0]["reasons"] == ["hidden variant 2: runtime_error"]
+    assert "withheld" not in db.history(run_id)[0]                        # what the loop and its policy read
+    assert "(7, 13)" not in json.dumps(db.history(run_id)[0], default=str)
 
 
 def test_fastest_is_one_order_in_sql_and_in_python(tmp_path):

@@ -390,6 +390,18 @@ def test_a_suite_resumed_on_another_gpu_says_which_problem_ran_where(tmp_path):
     assert [r["gpu"] for r in table] == ["NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3"]
 
 
+def test_the_report_says_why_a_hidden_variant_failed(tmp_path):
+    # the report is the operator's: the policy read only "hidden variant 1: runtime_error" (level 2's 24 on an H100)
+    store = open_db(tmp_path / "s.db")
+    run_id = store.create_run(target_name="24_P", policy="offline", settings={}, status="finished")
+    store.add_attempt(run_id, source="x", verdict="runtime_error", reasons=["hidden variant 1: runtime_error"],
+                      withheld=["hidden variant 1: runtime_error: NameError: name 'K1_YBLOCK' is not defined"])
+    write_suite_report(store, [_row("level2/24_P", "refine", "done", run_id)], tmp_path / "out")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "| level2/24_P | refine | 1 | #1 runtime_error: hidden variant 1: runtime_error: NameError: name " \
+           "'K1_YBLOCK' is not defined |" in markdown
+
+
 def test_strategies_are_compared_at_an_equal_budget(timed_suite, tmp_path):
     store, rows = timed_suite
     rows = rows[:2] + [

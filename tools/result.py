@@ -128,6 +128,10 @@ class EvalResult:
     stdout: str = ""
     stderr: str = ""
     durations_s: dict = field(default_factory=dict)
+    # Why a hidden variant failed, in full: for the operator (the attempts table's `withheld` column, `kloop show`,
+    # `kloop eval`), never for a policy, an export or the service. `reasons` says only "hidden variant k: <verdict>",
+    # so that no policy learns the hidden shapes. Not in to_dict() unless asked.
+    withheld: list[str] = field(default_factory=list)
 
     @property
     def correct(self) -> bool:
@@ -144,8 +148,13 @@ class EvalResult:
     def speedup_over(self, baseline: str) -> float | None:
         return (self.speedup or {}).get(baseline)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def to_dict(self, withheld: bool = False) -> dict:
+        """As JSON. withheld: with the operator's reasons too, between kloop's own trusted processes (a Ray run's);
+        from_dict reads them back."""
+        d = dataclasses.asdict(self)
+        if not withheld:
+            del d["withheld"]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "EvalResult":

@@ -44,12 +44,14 @@ ATTEMPT_COLUMNS = {
     "compile_log": str, "resources": str, "verdict": str, "reasons": str, "time_us": str, "speedup_eager": float,
     "speedup_compile": float, "sol_fraction": float, "roofline": str, "correctness": str, "ncu": str, "nvml": str,
     "flags": str, "diagnosis": str, "reflection": str, "stdout": str, "stderr": str, "durations": str, "result": str,
-    "parent_reason": str, "archive_cell": str, "island": int, "gpu": str,
+    "parent_reason": str, "archive_cell": str, "island": int, "gpu": str, "withheld": str,
 }
 # The search strategy's record of each attempt (agent/strategies): why its parent was picked, the MAP-Elites cell the
 # attempt landed in, its island; and the GPU that ran it (json {index, name, uuid}; null when it ran on none): a run
 # may time on several, and timings compare only within one. Nullable, added like ADDED_RUN_COLUMNS.
-ADDED_ATTEMPT_COLUMNS = {"parent_reason": str, "archive_cell": str, "island": int, "gpu": str}
+# `withheld`: why a hidden variant failed, in full (EvalResult.withheld), for the operator alone: history() leaves it
+# out, as no policy may read it, and no export writes it.
+ADDED_ATTEMPT_COLUMNS = {"parent_reason": str, "archive_cell": str, "island": int, "gpu": str, "withheld": str}
 MESSAGE_COLUMNS = {
     "id": int, "run_id": str, "attempt_id": int, "branch": int, "turn": int, "seq": int, "created_at": str,
     "role": str, "provider": str, "model": str, "content": str, "input_tokens": int, "output_tokens": int,
@@ -57,7 +59,7 @@ MESSAGE_COLUMNS = {
 }
 JSON_COLUMNS = {
     "versions", "numeric_flags", "settings", "baselines", "ptx", "sass", "resources", "reasons", "time_us",
-    "roofline", "correctness", "ncu", "nvml", "flags", "durations", "result", "content", "gpu",
+    "roofline", "correctness", "ncu", "nvml", "flags", "durations", "result", "content", "gpu", "withheld",
 }
 RUN_STATUSES = ("running", "finished", "stopped", "failed")
 # Two ideas, two names (docs/design.md, "Best and fastest"):
@@ -87,6 +89,7 @@ def attempt_columns(result: EvalResult) -> dict:
         "sol_fraction": result.sol_fraction, "roofline": d["roofline"], "correctness": d["correctness"],
         "ncu": d["ncu"], "nvml": result.nvml, "flags": result.flags, "stdout": result.stdout,
         "stderr": result.stderr, "durations": result.durations_s, "result": stored, "gpu": device_of(result),
+        "withheld": result.withheld or None,
     }
 
 
@@ -367,7 +370,7 @@ class Store:
         with self._lock:
             rows = self._history.setdefault(run_id, [])
             after = rows[-1]["number"] if rows else 0
-            columns = ", ".join(c for c in self.db["attempts"].columns_dict if c != "sass")
+            columns = ", ".join(c for c in self.db["attempts"].columns_dict if c not in ("sass", "withheld"))
             rows += self._select(f"SELECT {columns} FROM attempts WHERE run_id = ? AND number > ? ORDER BY number",
                                  [run_id, after])
             return list(rows) if branch is None else [a for a in rows if a["branch"] == branch]

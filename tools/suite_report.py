@@ -62,12 +62,14 @@ def collect(store, rows: list[dict]) -> list[dict]:
             result["gpu"] = {"name": run["gpu_name"], "driver": run["driver"], "cuda": run["cuda"]} \
                 if run["gpu_name"] else None
             result["versions"] = json.loads(run["versions"]) if run["versions"] else None
+            # the report is the operator's: a hidden variant's failure in full where the attempt kept it
+            reasons = "COALESCE(withheld, reasons)" if "withheld" in store.db["attempts"].columns_dict else "reasons"
             attempts = list(store.db.query(
                 "SELECT id, number, verdict, language, speedup_eager, speedup_compile, sol_fraction, "
                 "json_extract(time_us, '$.median') AS median, "
                 "json_extract(result, '$.baselines.eager.median') AS eager, "
                 "json_extract(result, '$.baselines.compile.median') AS compile, "
-                "json_extract(reasons, '$[0]') AS reason, substr(source, 1, 400) AS head FROM attempts "
+                f"json_extract({reasons}, '$[0]') AS reason, substr(source, 1, 400) AS head FROM attempts "
                 "WHERE run_id = ? ORDER BY number", [run_id]))
             usage = store.usage(run_id)
             result.update(attempts=len(attempts), correct_attempts=sum(a["verdict"] == "correct" for a in attempts),
