@@ -220,6 +220,33 @@ def test_a_reference_without_meta_kernels_is_checked_on_the_cpu(tmp_path):
     assert small[0] == {"batch_size": 32, "dim": 384} and len(small) == 3
 
 
+RANDOM_OR_STATEFUL = {
+    "dropout": ("self.drop = torch.nn.Dropout(0.2)", "return self.drop(x)"),   # active: the reference trains
+    "rand": ("pass", "return x * torch.rand_like(x)"),
+    "state": ("self.calls = 0", "self.calls += 1\n        return x * self.calls"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RANDOM_OR_STATEFUL))
+def test_a_reference_that_is_no_function_of_its_inputs_is_refused_in_one_line(tmp_path, kind):
+    # two calls on the same inputs must agree, or no kernel can be checked against it (level 2's 66 and 83 drop out,
+    # level 3's 33 carries its hidden state from call to call)
+    from tools.target import check_reference
+
+    init, forward = RANDOM_OR_STATEFUL[kind]
+    source = (f"import torch\n\n\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              f"        {init}\n\n    def forward(self, x):\n        {forward}\n\n\n"
+              "def get_inputs():\n    return [torch.randn(64, 256)]\n\n\ndef get_init_inputs():\n    return []\n")
+    path = tmp_path / f"{kind}.py"
+    path.write_text(source)
+    with pytest.raises(TargetError) as refused:
+        check_reference(load_target(str(path)))
+    message = str(refused.value)
+    assert "\n" not in message and "two calls on the same inputs disagree (output 0: " in message
+    path.write_text(source.replace(forward, "return x * 2"))   # the same file, deterministic: accepted
+    check_reference(load_target(str(path)))
+
+
 def test_io_bytes_counts_inputs_and_outputs_at_the_main_shape_without_memory(tmp_path):
     """What a planner holds at full size (the pipeline's memory gate): the outputs count, however small the
     inputs are (an outer product), and a reference with no meta version counts its outputs as its inputs."""

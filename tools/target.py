@@ -222,30 +222,60 @@ def _meta_state_bytes(module: ModuleType) -> int:
 
 def check_reference(target: Target) -> None:
     """A target whose own reference fails is the user's problem, said in one line (TargetError) before any candidate
-    runs: its Model runs once at every checked shape (CPU sizes without a GPU)."""
+    runs: its Model runs once at every checked shape (CPU sizes without a GPU), and twice at the main shape, where
+    both calls must agree: a kernel is checked against a function of its inputs."""
     from tools.inputs import DEVICE
 
-    for shape in target.shapes(small=DEVICE.type != "cuda"):
-        failure = _reference_failure(target, shape)
+    for i, shape in enumerate(target.shapes(small=DEVICE.type != "cuda")):
+        failure = _reference_failure(target, shape, twice=i == 0)
         if DEVICE.type == "cuda":  # at full size the run's tensors held tens of GB in kloop's own process for good
             torch.cuda.empty_cache()
         if failure:
             raise TargetError(f"target {target.name}: the reference fails at {shape or 'its main shape'}: {failure}")
 
 
-def _reference_failure(target: Target, shape: dict) -> str | None:
-    """Why the reference fails at `shape`, in one line; None when it runs. Nothing it made outlives the call (an
-    exception's frames would keep its tensors)."""
+def _reference_failure(target: Target, shape: dict, twice: bool = False) -> str | None:
+    """Why the reference fails at `shape`, in one line; None when it runs. twice: it runs again on the same inputs,
+    from another random state, and must give the same outputs (within the evaluator's tolerances). Nothing it made
+    outlives the call (an exception's frames would keep its tensors)."""
     from tools.inputs import DEVICE, make_inputs
+    from tools.verify import compare
 
     module = target.module_for(shape)
     try:
         with torch.no_grad():
             model = module.Model(*module.get_init_inputs()).to(DEVICE)
-            model(*make_inputs(module, 0))
+            calls = []
+            for seed in (1, 2)[:1 + twice]:
+                inputs = make_inputs(module, 0)
+                torch.manual_seed(seed)   # a random op draws other numbers in each call
+                calls.append([_aside(t) for t in _tensors(model(*inputs))])
+                del inputs
+            differ = []
+            if twice:
+                differ = [reason for first, second in zip(*calls)
+                          for reason in compare(second.to(first.device), first)[0]]
+            del calls
     except Exception as e:
         return f"{type(e).__name__}: {e}".splitlines()[0]
+    if differ:
+        return (f"two calls on the same inputs disagree ({differ[0]}): it draws random numbers as it runs (dropout "
+                "in training mode, torch.rand) or changes its own state, so no kernel can be checked against it")
     return None
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (tuple, list)) else []
+
+
+def _aside(t: torch.Tensor) -> torch.Tensor:
+    """t, kept for a second call's outputs to be compared with: on its GPU while twice its size is free there, else
+    a copy in host memory."""
+    if t.is_cuda and torch.cuda.mem_get_info(t.device)[0] < 2 * t.untyped_storage().nbytes():
+        return t.cpu()
+    return t
 
 
 def shown_source(source: str) -> str:
