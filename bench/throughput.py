@@ -259,12 +259,13 @@ def table(report: dict) -> str:
 
 TIMELINE = ("phase", "target", "number", "language", "verdict", "device", "logged_s", "attempt_s", "wall_s",
             "waiting_s", "planner_acquire_s", "planner_build_s", "plan_s", "queued_s", "load_s", "verify_s",
-            "profile_s", "sass_s", "time_us")
+            "profile_s", "sass_s", "time_us", "referee_calls", "referee_s", "executor_calls", "executor_s")
 
 
 def write_timeline(store, report: dict, path: Path) -> None:
     """Every attempt of the pipelined phases, a row each: when it was logged (seconds into its run: the sum of the
-    walls between logged attempts), its stages and the waits that show where a pipeline stalls."""
+    walls between logged attempts), its stages and the waits that show where a pipeline stalls, and its calls to the
+    trusted processes (how many, how long in all: slower calls or more of them)."""
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(TIMELINE)
@@ -273,13 +274,21 @@ def write_timeline(store, report: dict, path: Path) -> None:
                 logged = 0.0
                 for a in store.attempts(t["run_id"]):
                     d = a["durations"] or {}
-                    waited = d.get("waited") or {}
+                    waited, calls = d.get("waited") or {}, d.get("calls") or {}
                     logged += d.get("wall") or 0.0
                     out.writerow([key, t["target"], a["number"], a["language"], a["verdict"], d.get("device"),
                                   round(logged, 3), d.get("attempt"), d.get("wall"), d.get("waiting"),
                                   waited.get("planner:acquire"), waited.get("planner:build"), d.get("plan"),
                                   d.get("queued"), d.get("load"), d.get("verify"), d.get("profile"),
-                                  waited.get("sass"), (a["time_us"] or {}).get("median")])
+                                  waited.get("sass"), (a["time_us"] or {}).get("median"),
+                                  _summed(calls, "referee"), _summed(waited, "referee"),
+                                  _summed(calls, "executor"), _summed(waited, "executor")])
+
+
+def _summed(per_command: dict, process: str) -> float | None:
+    """The sum over one process's commands ("referee:check", ...); None when it had none."""
+    values = [v for k, v in per_command.items() if k.startswith(f"{process}:")]
+    return round(sum(values), 4) if values else None
 
 
 def goals(report: dict) -> list[dict]:
