@@ -57,7 +57,7 @@ LARGE_STATE_BYTES = 1 << 30  # weights above this get jailed processes with room
 # one of the two.
 TRIAL_POISONS = (0xFF, 0x00)
 INPUTS_TIMEOUT_S = 600   # making one set of a shape's inputs (seconds at KernelBench's full sizes)
-WITHHELD_CHARS = 2000   # of each reason kept for the operator (a traceback's last lines fit)
+WITHHELD_CHARS = 2000   # of each withheld reason kept for the operator
 PRUNE_TRIALS = 2   # main-shape trials timed before pruning (the faster counts: a first call may load lazily)
 # torch.compile modes the compile baseline can take. max-autotune-no-cudagraphs (autotuned Triton and GEMM templates)
 # is the stronger bar; "default" is what `torch.compile(model)` does, and KernelBench's published torch.compile
