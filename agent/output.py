@@ -1,17 +1,22 @@
 """How every kloop command writes to the terminal, a pipe or a log file (and says no: `fail`).
 
-In a terminal, rich as usual. Without one (piped, redirected, a CI log), rich would assume 80 columns and wrap or
-crop: code broken mid-line, table cells cut to "2026-1…". There, `Output` is as wide as its content, and code is
-always written as it is, never wrapped or cropped.
+In a terminal, rich as usual, except that text reaches the terminal without control characters: reasons, labels,
+kernels and their output are a candidate's own text, and an escape sequence in them would drive the terminal (clear
+it, retitle it, write the clipboard). They are shown as `\x1b`. Without a terminal (piped, redirected, a CI log),
+rich would assume 80 columns and wrap or crop: code broken mid-line, table cells cut to "2026-1…". There, `Output`
+is as wide as its content, and code is always written as it is, never wrapped, cropped or escaped.
 """
 from __future__ import annotations
 
 import math
 
 from rich.console import Console, ConsoleDimensions
+from rich.segment import Segment
 
 # Width used when no terminal is attached: wide enough that no table or line is ever wrapped or cropped.
 UNBOUNDED = 100_000
+# C0 controls but tab and newline, DEL and the C1 controls: shown, never sent to a terminal as they are
+SHOWN_ESCAPED = {c: f"\\x{c:02x}" for c in [*range(0x00, 0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0)]}
 
 
 class Output(Console):
@@ -27,6 +32,14 @@ class Output(Console):
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         Console.size.fset(self, new_size)
+
+    def _render_buffer(self, buffer) -> str:
+        """rich's own control segments (a status line's cursor moves) go through; text is escaped first. Styles are
+        applied after this, so kloop's colours stay."""
+        if self.is_terminal:
+            buffer = [segment if segment.control else Segment(segment.text.translate(SHOWN_ESCAPED), segment.style)
+                      for segment in buffer]
+        return super()._render_buffer(buffer)
 
 
 def make_console(stderr: bool = False) -> Output:

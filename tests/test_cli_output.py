@@ -162,6 +162,20 @@ def test_a_candidates_text_is_printed_as_it_is_never_as_markup(tmp_path, monkeyp
         in shown.output
 
 
+def test_a_terminal_never_receives_a_candidates_control_characters():
+    # an escape sequence in a reason or a kernel would drive the operator's terminal (clear it, retitle it, write the
+    # clipboard through OSC 52): in a terminal it is shown escaped; piped, a kernel stays byte for byte what it is
+    hostile = "bad \x1b]52;c;cHduZWQ=\x1b\\ \x1b[2J\x9b done"
+    out = io.StringIO()
+    Output(file=out, force_terminal=True).print(f"[red]verdict[/] {hostile}", highlight=False)
+    text = out.getvalue()
+    assert "\\x1b]52;c;cHduZWQ=\\x1b\\ \\x1b[2J\\x9b done" in text
+    assert text.count("\x1b") == 2 and "\x1b[31mverdict\x1b[0m" in text   # kloop's own colour, nothing else
+    piped = io.StringIO()
+    print_code(Output(file=piped), f"s = '{hostile}'")
+    assert piped.getvalue() == f"s = '{hostile}'\n"
+
+
 def test_runs_json(tmp_path):
     db = tmp_path / "k.db"
     run_id = make_runs_db(db)
