@@ -34,7 +34,7 @@ from pathlib import Path
 from sandbox.plan import ITEMSIZE, PlanError, copy_plan, load_plan
 from sandbox import jail, pool
 from sandbox.pool import WarmPool
-from sandbox.process import Child, ChildDied, ChildTimeout, read_limited, scratch_root
+from sandbox.process import Child, ChildDied, ChildTimeout, clean_env, read_limited, scratch_root
 from tools import profile, rules
 from tools.inputs import DEVICE
 from tools.numerics import pin_numeric_flags
@@ -185,9 +185,13 @@ class Device:
             self._refuse_if_closed()
             self.referee_starts += 1
             if self.cuda:
+                workdir = Path(tempfile.mkdtemp(prefix="referee-", dir=self.session.directory))
+                # The first referee warms up before it is ready (sandbox.referee.warm_up); one started again
+                # mid-evaluation (a reference that device-asserts on every spread trial) would pay it every time.
+                first = "1" if self.referee_starts == 1 else ""
+                env = {**clean_env(workdir, True), "KLOOP_REFEREE_WARM_UP": first}
                 self._referee = Child("sandbox.referee", cuda=True, jailed=False, statuses=REFEREE_STATUSES,
-                                      workdir=Path(tempfile.mkdtemp(prefix="referee-", dir=self.session.directory)),
-                                      visible=self.visible)
+                                      workdir=workdir, env=env, visible=self.visible)
                 self._referee.wait_ready()
             else:
                 from sandbox.referee import Referee

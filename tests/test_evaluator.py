@@ -742,3 +742,23 @@ def test_the_referees_moved_reference_steps_fractional_inputs_only_and_leaves_it
     assert moved.shape == summed.shape and moved.dtype == summed.dtype and 0 < (moved - summed).abs().max() < 1e-4
     assert torch.equal(ref._moved_output("main", 1, labels), labels)
     assert torch.equal(ref.models["main"].bn.running_mean, running)   # a copy ran: BatchNorm's statistics stay
+
+
+def test_the_referee_warms_up_its_flop_count_and_torch_compile_and_survives_their_failure(monkeypatch):
+    # A GPU referee pays these one-time costs before it says it is ready, not during the first candidate's timing.
+    import torch
+
+    from sandbox import referee
+    from tools import profile
+
+    counted, compiled = [], []
+    monkeypatch.setattr(profile, "count_bytes_and_flops", lambda model, inputs, outputs: counted.append(model))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn) or fn)
+    referee.warm_up()
+    assert len(counted) == 1 and isinstance(counted[0], torch.nn.Linear) and len(compiled) == 1
+
+    def broken(fn, **kw):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    referee.warm_up()   # nothing raised: a cold first candidate, as before
