@@ -247,6 +247,30 @@ def test_a_reference_that_is_no_function_of_its_inputs_is_refused_in_one_line(tm
     check_reference(load_target(str(path)))
 
 
+def test_another_threads_random_draws_never_make_a_reference_look_random(tmp_path):
+    # a suite's lanes are threads of one process: the second call must see the very inputs of the first, whatever
+    # another lane draws from torch's one random state meanwhile
+    import threading
+
+    from tools.target import check_reference
+
+    target = load_target(str(KB["leaky_relu"]))
+    stop = threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            torch.randn(64)
+
+    other = threading.Thread(target=draw)
+    other.start()
+    try:
+        for _ in range(20):
+            check_reference(target)
+    finally:
+        stop.set()
+        other.join()
+
+
 def test_io_bytes_counts_inputs_and_outputs_at_the_main_shape_without_memory(tmp_path):
     """What a planner holds at full size (the pipeline's memory gate): the outputs count, however small the
     inputs are (an outer product), and a reference with no meta version counts its outputs as its inputs."""

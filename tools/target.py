@@ -235,9 +235,9 @@ def check_reference(target: Target) -> None:
 
 
 def _reference_failure(target: Target, shape: dict, twice: bool = False) -> str | None:
-    """Why the reference fails at `shape`, in one line; None when it runs. twice: it runs again on the same inputs,
-    from another random state, and must give the same outputs (within the evaluator's tolerances). Nothing it made
-    outlives the call (an exception's frames would keep its tensors)."""
+    """Why the reference fails at `shape`, in one line; None when it runs. twice: it runs again on a copy of the
+    same inputs (its random draws go on from where the first call left them) and must give the same outputs, within
+    the evaluator's tolerances. Nothing it made outlives the call (an exception's frames would keep its tensors)."""
     from tools.inputs import DEVICE, make_inputs
 
     module = target.module_for(shape)
@@ -245,11 +245,13 @@ def _reference_failure(target: Target, shape: dict, twice: bool = False) -> str 
         with torch.no_grad():
             model = module.Model(*module.get_init_inputs()).to(DEVICE)
             inputs = make_inputs(module, 0)
-            torch.manual_seed(1)
+            # a copy, not the same seed again: a suite's lanes are threads, and another one's draws could land
+            # between a seed and ours
+            again = [_aside(x, copy=True) if isinstance(x, torch.Tensor) else x for x in inputs] if twice else None
             first = [_aside(t) for t in _tensors(model(*inputs))]
             del inputs
-            differ = _disagreement(model, module, first) if twice else None
-            del first
+            differ = _disagreement(model, again, first) if twice else None
+            del again, first
     except Exception as e:
         return f"{type(e).__name__}: {e}".splitlines()[0]
     if differ:
@@ -258,19 +260,16 @@ def _reference_failure(target: Target, shape: dict, twice: bool = False) -> str 
     return None
 
 
-def _disagreement(model, module, first: list[torch.Tensor]) -> str | None:
-    """How a second call on the same inputs, from another random state, differs from the first's outputs; None when
-    it agrees, or when it does not fit in memory beside them (then nothing is known)."""
-    from tools.inputs import make_inputs
+def _disagreement(model, inputs: list, first: list[torch.Tensor]) -> str | None:
+    """How a second call on `inputs` differs from the first's outputs; None when it agrees, or when it does not fit
+    in memory beside them (then nothing is known)."""
+    from tools.inputs import DEVICE
     from tools.verify import compare
 
-    inputs = make_inputs(module, 0)
-    torch.manual_seed(2)   # a random op draws other numbers than in the first call
     try:
-        second = _tensors(model(*inputs))
+        second = _tensors(model(*[x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]))
     except torch.OutOfMemoryError:
         return None
-    del inputs
     return next((reason for a, b in zip(first, second) for reason in compare(b.to(a.device), a)[0]), None)
 
 
@@ -280,12 +279,12 @@ def _tensors(out) -> list[torch.Tensor]:
     return [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (tuple, list)) else []
 
 
-def _aside(t: torch.Tensor) -> torch.Tensor:
-    """t, kept for a second call's outputs to be compared with: on its GPU while twice its size is free there, else
-    a copy in host memory."""
+def _aside(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    """t (a copy of it: copy), kept for a second call: on its GPU while twice its size is free there, else copied to
+    host memory."""
     if t.is_cuda and torch.cuda.mem_get_info(t.device)[0] < 2 * t.untyped_storage().nbytes():
         return t.cpu()
-    return t
+    return t.clone() if copy else t
 
 
 def shown_source(source: str) -> str:
