@@ -29,7 +29,7 @@ from sandbox.process import is_cuda_failure
 from tools import verify
 from tools.inputs import DEVICE, make_inputs, spreadable
 from tools.numerics import pin_numeric_flags
-from tools.target import module_from_source
+from tools.target import module_from_source, output_list
 
 LAUNCH_COVER_CYCLES = 1_000_000
 # Reference outputs above this fraction of the GPU's memory are dropped while torch.compile's baseline makes its own
@@ -115,7 +115,7 @@ class Referee:
         self._inputs(shape, seed, spread)
         held = self.held[shape]
         if not held[2]:
-            held[2].extend(_flat(self._on_inputs(shape, self.models[shape])))
+            held[2].extend(output_list(self._on_inputs(shape, self.models[shape])))
         return held[2]
 
     def _on_inputs(self, shape: str, fn):
@@ -320,7 +320,7 @@ class Referee:
             return None
         try:
             with self._watched_inputs(shape), torch.no_grad():
-                outputs = _flat(run())
+                outputs = output_list(run())
         except Exception:
             if self.cuda:
                 torch.cuda.empty_cache()
@@ -376,7 +376,7 @@ class Referee:
             wall_ms = (time.perf_counter() - began) * 1e3
         held = self.held[shape]
         if name == "eager" and not held[2]:
-            held[2].extend(_flat(out))  # eager's output is this round's reference: no second computation
+            held[2].extend(output_list(out))  # eager's output is this round's reference: no second computation
         del out
         return {"status": "ok", "ms": start.elapsed_time(end), "wall_ms": wall_ms}
 
@@ -430,10 +430,6 @@ def _whole(x: torch.Tensor) -> bool:
     return all(torch.equal(part, part.round()) for part in x.reshape(-1).split(verify.CHUNK))
 
 
-def _flat(out) -> list[torch.Tensor]:
-    return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
 COMMANDS = ("shape", "forget", "release", "expect", "check", "time", "roofline_counts", "gpu")
 
 
@@ -467,11 +463,10 @@ def main() -> None:
 def warm_up() -> None:
     """The process's one-time costs, paid before it says it is ready rather than by the first candidate, which other
     candidates queue behind: a session starts its referees beside its planners' spares, which take longer (the
-    device's first referee only: KLOOP_REFEREE_WARM_UP). The first
-    FLOP count (FakeTensorMode and FlopCounterMode: 1.8 s against 1 ms after, on a CPU; 5.1 s of the first candidate
-    of an H100 run) and the first torch.compile (Dynamo, Inductor, Triton: 15 s against 2 s for the next model, on a
-    CPU; the first candidate's baseline timing took 6.4 s on an H100, the next target's 1.7 s). A failure here costs
-    nothing but the head start."""
+    device's first referee only: KLOOP_REFEREE_WARM_UP). The first FLOP count (FakeTensorMode and FlopCounterMode:
+    1.8 s against 1 ms after, on a CPU; 5.1 s of the first candidate of an H100 run) and the first torch.compile
+    (Dynamo, Inductor, Triton: 15 s against 2 s for the next model, on a CPU; the first candidate's baseline timing
+    took 6.4 s on an H100, the next target's 1.7 s). A failure here costs nothing but the head start."""
     from tools.profile import count_bytes_and_flops
 
     try:

@@ -46,6 +46,8 @@ def collect(store, rows: list[dict]) -> list[dict]:
     times, speedups, SOL fraction), attempt counts, attempts to 98% of the best, cost and tokens, GPU and versions,
     and the per-attempt curve [(number, correct, speedup_eager)]."""
     out = []
+    # the report is the operator's: a hidden variant's failure in full where the attempt kept it
+    reasons = "COALESCE(withheld, reasons)" if "withheld" in store.db["attempts"].columns_dict else "reasons"
     for row in rows:
         result = {**{k: row.get(k) for k in ("problem", "level", "strategy", "policy", "status", "reason", "run_id",
                                            "seconds")},
@@ -62,8 +64,6 @@ def collect(store, rows: list[dict]) -> list[dict]:
             result["gpu"] = {"name": run["gpu_name"], "driver": run["driver"], "cuda": run["cuda"]} \
                 if run["gpu_name"] else None
             result["versions"] = json.loads(run["versions"]) if run["versions"] else None
-            # the report is the operator's: a hidden variant's failure in full where the attempt kept it
-            reasons = "COALESCE(withheld, reasons)" if "withheld" in store.db["attempts"].columns_dict else "reasons"
             attempts = list(store.db.query(
                 "SELECT id, number, verdict, language, speedup_eager, speedup_compile, sol_fraction, "
                 "json_extract(time_us, '$.median') AS median, "

@@ -203,7 +203,7 @@ def _meta_io_bytes(module: ModuleType) -> int:
     try:
         with torch.device("meta"), torch.no_grad():
             out = module.Model(*module.get_init_inputs())(*inputs)
-        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+        outputs = output_list(out)
     except Exception:
         return 2 * nbytes(inputs)
     return nbytes(inputs) + nbytes(outputs)
@@ -248,7 +248,7 @@ def _reference_failure(target: Target, shape: dict, twice: bool = False) -> str 
             # a copy, not the same seed again: a suite's lanes are threads, and another one's draws could land
             # between a seed and ours
             again = [_aside(x, copy=True) if isinstance(x, torch.Tensor) else x for x in inputs] if twice else None
-            first = [_aside(t) for t in _tensors(model(*inputs))]
+            first = [_aside(t) for t in output_list(model(*inputs)) if isinstance(t, torch.Tensor)]
             del inputs
             differ = _disagreement(model, again, first) if twice else None
             del again, first
@@ -267,16 +267,16 @@ def _disagreement(model, inputs: list, first: list[torch.Tensor]) -> str | None:
     from tools.verify import compare
 
     try:
-        second = _tensors(model(*[x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]))
+        second = output_list(model(*[x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]))
     except torch.OutOfMemoryError:
         return None
+    second = [t for t in second if isinstance(t, torch.Tensor)]
     return next((reason for a, b in zip(first, second) for reason in compare(b.to(a.device), a)[0]), None)
 
 
-def _tensors(out) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    return [t for t in out if isinstance(t, torch.Tensor)] if isinstance(out, (tuple, list)) else []
+def output_list(out) -> list:
+    """A forward's outputs as a list: a tuple's or list's items, else the one output (how the evaluator counts them)."""
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def _aside(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
