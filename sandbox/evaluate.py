@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.plan import ITEMSIZE, PlanError, copy_plan, load_plan
-from sandbox import jail, pool
+from sandbox import cores, jail, pool
 from sandbox.pool import WarmPool
 from sandbox.process import Child, ChildDied, ChildTimeout, clean_env, read_limited, scratch_root
 from tools import profile, rules
@@ -173,7 +173,7 @@ class Device:
                 self.restarts += 1
             self._executor = Child("sandbox.executor", cuda=True, jailed=False, statuses=EXECUTOR_STATUSES,
                                    workdir=Path(tempfile.mkdtemp(prefix="executor-", dir=self.session.directory)),
-                                   visible=self.visible)
+                                   visible=self.visible, cpus=self.cpus())
             self._executor.wait_ready()
         return self._executor
 
@@ -191,7 +191,7 @@ class Device:
                 first = "1" if self.referee_starts == 1 else ""
                 env = {**clean_env(workdir, True), "KLOOP_REFEREE_WARM_UP": first}
                 self._referee = Child("sandbox.referee", cuda=True, jailed=False, statuses=REFEREE_STATUSES,
-                                      workdir=workdir, env=env, visible=self.visible)
+                                      workdir=workdir, env=env, visible=self.visible, cpus=self.cpus())
                 self._referee.wait_ready()
             else:
                 from sandbox.referee import Referee
@@ -238,9 +238,20 @@ class Device:
         candidate's work shares the GPU (sandbox/pool.py keeps the registry)."""
         if not self.cuda:
             return contextlib.nullcontext()
-        if self._uuid is None:  # as the pool lists its processes: NVML's UUID of the CUDA_VISIBLE_DEVICES entry
+        return pool.quiet(self.uuid())
+
+    def uuid(self) -> str:
+        """As the pool lists its processes: NVML's UUID of the CUDA_VISIBLE_DEVICES entry ("" without NVML)."""
+        if self._uuid is None:
             self._uuid = profile.gpu_uuid(self.visible) or ""
-        return pool.quiet(self._uuid)
+        return self._uuid
+
+    def cpus(self) -> frozenset[int] | None:
+        """The CPUs this GPU's trusted processes run on (sandbox.cores), None where the session does not split."""
+        if self.session.core_split is None:
+            return None
+        place = profile.gpu_place(self.uuid()) if self.uuid() else None
+        return self.session.core_split.for_gpu(place[0]) if place else None
 
     def nvml_snapshot(self) -> dict | None:
         return profile.nvml_snapshot(uuid=(self.gpu() or {}).get("uuid"))
@@ -269,8 +280,9 @@ class Session:
         self.planners = max(1, planners)
         if gpus is not None and not self.cuda:
             raise ValueError("gpus were given, but this process sees no CUDA GPU")
+        self.core_split = self._core_split(gpus)
         self.pool = WarmPool(spares=spares if spares is not None else (2 if self.cuda else 1), cuda=self.cuda,
-                             gpus=gpus)
+                             gpus=gpus, cpus=self.core_split.jailed if self.core_split else None)
         self.directory = Path(tempfile.mkdtemp(prefix="kloop-session-", dir=scratch_root()))
         self.devices = [Device(self, g) for g in gpus] if gpus else [Device(self)]
         self.best: BestKernel | None = None
@@ -280,6 +292,14 @@ class Session:
         self._count_lock = threading.Lock()
         self._pipeline = None
         self.closed = False
+
+    def _core_split(self, gpus: list[str] | None) -> cores.CoreSplit | None:
+        """The node's CPU split (sandbox.cores) on a GPU node, None on the CPU or where it is off or unknown."""
+        if not self.cuda or not cores.enabled():
+            return None
+        uuid = profile.gpu_uuid(gpus[0] if gpus else None)
+        place = profile.gpu_place(uuid) if uuid else None
+        return cores.split(place[1]) if place else None
 
     @property
     def isolation(self) -> str:

@@ -33,9 +33,10 @@ REGISTRY = "kloop-gpu-users"
 
 class WarmPool:
     def __init__(self, spares: int = 1, cuda: bool = False, limits: jail.Limits | None = None,
-                 gpus: list[str] | None = None) -> None:
-        """gpus: CUDA_VISIBLE_DEVICES entries to spread the processes over (None: the caller's own devices)."""
-        self.spares, self.cuda, self.limits = spares, cuda, limits
+                 gpus: list[str] | None = None, cpus: frozenset[int] | None = None) -> None:
+        """gpus: CUDA_VISIBLE_DEVICES entries to spread the processes over (None: the caller's own devices); cpus:
+        the CPUs they run on (sandbox.cores: not the trusted processes'; None: the caller's)."""
+        self.spares, self.cuda, self.limits, self.cpus = spares, cuda, limits, cpus
         self._idle: list[Child] = []
         self._lock = threading.Lock()  # planners acquire from their own threads
         self._gpus = itertools.cycle(gpus or [None])
@@ -46,7 +47,7 @@ class WarmPool:
         visible = next(self._gpus)
         child = Child("sandbox.warm", cuda=self.cuda, jailed=True, limits=limits or self.limits,
                       statuses=tuple(set(PLANNER_STATUSES) | set(EXECUTOR_STATUSES)), visible=visible,
-                      niceness=NICENESS if self.cuda else 0)
+                      niceness=NICENESS if self.cuda else 0, cpus=self.cpus)
         if self.cuda and visible not in self._uuids:
             from tools.profile import gpu_uuid
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox import jail
+from sandbox import cores, jail
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_REPLY = 1 << 20
@@ -107,9 +107,10 @@ class Child:
 
     def __init__(self, module: str, *, cuda: bool, jailed: bool, statuses: tuple[str, ...],
                  workdir: Path | None = None, env: dict | None = None, limits: jail.Limits | None = None,
-                 visible: str | None = None, niceness: int = 0) -> None:
+                 visible: str | None = None, niceness: int = 0, cpus: frozenset[int] | None = None) -> None:
         """visible: the CUDA_VISIBLE_DEVICES entry of the one GPU the child may use (None: the caller's);
-        niceness: started under `nice -n` (jailed planners yield the CPU to the trusted processes that time)."""
+        niceness: started under `nice -n` (jailed planners yield the CPU to the trusted processes that time);
+        cpus: the CPUs it and everything it starts run on (sandbox.cores; None: the caller's)."""
         self.statuses = set(statuses) | {"ready"}
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kloop-", dir=scratch_root()))
         self.isolation = jail.detect() if jailed else None
@@ -122,6 +123,7 @@ class Child:
                                 gpu=cuda, limits=limits or jail.Limits(), isolation=self.isolation)
         if niceness:
             argv = [shutil.which("nice") or "nice", "-n", str(niceness), *argv]
+        argv = [*cores.command(cpus), *argv]
         if env is None:
             env = clean_env(self.workdir, cuda)
             if jailed:  # RLIMIT_NPROC counts the threads of every jail together: no thread pool per core

@@ -180,6 +180,13 @@ def gpu_uuid(visible: str | None = None) -> str | None:
     return _with_nvml(0, lambda pynvml, _handle: read(pynvml, pynvml.nvmlDeviceGetHandleByIndex(int(visible))))
 
 
+def gpu_place(uuid: str) -> tuple[int, int] | None:
+    """(NVML index of the GPU with `uuid`, GPUs NVML sees on this node), without initializing CUDA; None without
+    NVML."""
+    return _with_nvml(0, lambda pynvml, handle: (pynvml.nvmlDeviceGetIndex(handle), pynvml.nvmlDeviceGetCount()),
+                      uuid)
+
+
 def decode_clock_event_reasons(mask: int) -> list[str]:
     """Names of the NVML clock-event reason bits set in `mask`."""
     names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
