@@ -466,7 +466,9 @@ def warm_up() -> None:
     device's first referee only: KLOOP_REFEREE_WARM_UP). The first FLOP count (FakeTensorMode and FlopCounterMode:
     1.8 s against 1 ms after, on a CPU; 5.1 s of the first candidate of an H100 run) and the first torch.compile
     (Dynamo, Inductor, Triton: 15 s against 2 s for the next model, on a CPU; the first candidate's baseline timing
-    took 6.4 s on an H100, the next target's 1.7 s). A failure here costs nothing but the head start."""
+    took 6.4 s on an H100, the next target's 1.7 s). On a GPU also the compile of the output check's first pass
+    (tools/verify.py's kernel, specialized as for a float32 output of a multiple of 16 blocks). A failure here costs
+    nothing but the head start."""
     from tools.profile import count_bytes_and_flops
 
     try:
@@ -475,6 +477,8 @@ def warm_up() -> None:
         with torch.no_grad():
             count_bytes_and_flops(tiny, [x], [tiny(x)])
             torch.compile(lambda t: t * 2 + 1)(x)   # pointwise: no GEMM to autotune
+            output = torch.randn(16 * verify.FUSED_BLOCK, device=DEVICE)
+            verify.compare(output, output)
     except Exception:  # noqa: BLE001
         pass
 

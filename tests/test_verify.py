@@ -1,4 +1,5 @@
 """tools/verify.py: the tolerance rule, and the spread trial's rule against the output's scale."""
+import pytest
 import torch
 
 from tools import verify
@@ -108,3 +109,61 @@ def test_a_sum_that_cancels_allows_any_summation_order_but_not_lower_precision()
     reasons, stats = verify.compare(tf32, ref)
     bad, own, _ = verify.against_float64(tf32, ref, exact, stats["atol"], stats["rtol"], moved)
     assert bad > 100 and own > 100
+
+
+# -- the fused first pass (one Triton kernel on a GPU; here under Triton's interpreter) ------------------------------
+def _cases():
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(10_000, generator=g)
+    near = ref + (1e-4 + 1e-4 * ref.abs()) * 0.9995   # inside the tolerance, but not by the fast pass's margin
+    nan_out, inf_out, inf_ref = ref.clone(), ref.clone(), ref.clone()
+    nan_out[4321] = float("nan")
+    inf_out[17] = float("inf")
+    inf_ref[17] = float("inf")
+    off_by_one = ref.clone()
+    off_by_one[9_999] += 1e-2   # the last element, in the last (partial) block
+    return {
+        "exact": (ref.clone(), ref),
+        "within": (ref + 5e-5, ref),
+        "near the bound": (near, ref),
+        "one element off at the end": (off_by_one, ref),
+        "NaN": (nan_out, ref),
+        "infinity out": (inf_out, ref),
+        "infinity in the reference": (inf_ref.clone(), inf_ref),
+        "float16": (ref.half() + 1e-3, ref.half()),
+        "bfloat16": (ref.bfloat16(), ref.bfloat16()),
+        "float64": ((ref + 5e-8).double(), ref.double()),
+        "float64 off": ((ref + 1e-5).double(), ref.double()),
+        "one element": (ref[:1] + 2e-5, ref[:1]),
+    }
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("case", list(_cases()))
+def test_the_fused_first_pass_accepts_and_refuses_exactly_what_the_torch_pass_does(case):
+    device = "cuda" if torch.cuda.is_available() else "cpu"   # the compiled kernel on a GPU, else interpreted
+    out, ref = (t.to(device) for t in _cases()[case])
+    atol, rtol = verify.TOLERANCES[ref.dtype]
+    fused = verify._fast_pass_fused(out, ref, atol, rtol)
+    plain = verify._fast_pass_torch(out, ref, atol, rtol)
+    assert (fused is None) == (plain is None), (fused, plain)
+    if plain is not None:
+        assert fused == pytest.approx(plain, rel=1e-6, abs=1e-12)
+    accepted = {"exact", "within", "float16", "bfloat16", "float64", "one element"}
+    assert (fused is not None) == (case in accepted)
+
+
+def test_same_bits_compares_whole_elements_and_sees_a_changed_nan_payload():
+    a = torch.randn(1000)
+    b = a.clone()
+    assert verify.same_bits(a, b)
+    b.view(torch.int32)[500] ^= 1          # the lowest mantissa bit
+    assert not verify.same_bits(a, b)
+    n1 = torch.full((4,), float("nan"))
+    n2 = n1.clone()
+    n2.view(torch.int32)[2] ^= 1            # another NaN, by its bits
+    assert torch.isnan(n2).all() and not verify.same_bits(n1, n2) and verify.same_bits(n1, n1.clone())
+    t = torch.arange(12, dtype=torch.int64).reshape(3, 4).t()    # strided, 8-byte elements
+    assert verify.same_bits(t, t.contiguous()) and not verify.same_bits(t, t.contiguous() + 1)
+    flags = torch.tensor([True, False, True])
+    assert verify.same_bits(flags, flags.clone()) and not verify.same_bits(flags, ~flags)

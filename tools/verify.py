@@ -29,7 +29,9 @@ hundred MB of temporaries, never a float64 copy of the whole thing.
 Speed (every timed call is checked, so this runs dozens of times per candidate): a first pass works in the
 output's own precision (float32 for half types), on device, with one host read at the end, and accepts an output
 only when every element is finite and within 0.999 of its tolerance, where float32 rounding cannot change the
-answer. Anything else (a NaN or infinity anywhere, an element near or over its bound) is judged by the exact
+answer. On a GPU, for contiguous tensors, that pass is one Triton kernel reading each tensor once: 0.31 ms for a
+float32 output of 2^26 elements on an H100, where torch's dozen elementwise passes took 2.96 ms (bench/check_cost.py),
+and a candidate's outputs are checked about 50 times. Anything else (a NaN or infinity anywhere, an element near or over its bound) is judged by the exact
 float64 pass, which finds the positions and the worst element for the reasons.
 """
 from __future__ import annotations
@@ -38,6 +40,8 @@ import math
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 TOLERANCES = {
     torch.float64: (1e-7, 1e-7),
@@ -108,6 +112,50 @@ def all_finite(t: torch.Tensor) -> bool:
 def _fast_pass(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
     """(max abs error, max rel error) when every element is finite and clearly within tolerance, else None.
     Never writes into `out` or `ref` (the executor's memory and the reference)."""
+    if ref.is_cuda and out.is_cuda and out.is_contiguous() and ref.is_contiguous() and ref.numel():
+        return _fast_pass_fused(out, ref, atol, rtol)
+    return _fast_pass_torch(out, ref, atol, rtol)
+
+
+FUSED_BLOCK = 4096
+
+
+@triton.jit
+def _within_kernel(out_ptr, ref_ptr, partial_ptr, n, programs, atol, rtol, margin, WIDE: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """Per program: [outside (0 or 1), max |out - ref|, max relative error, max allowed] over its BLOCK elements,
+    in _fast_pass_torch's arithmetic (NaN is outside; an infinite reference makes `allowed` infinite)."""
+    pid = tl.program_id(0)
+    offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    work = tl.float64 if WIDE else tl.float32
+    o = tl.load(out_ptr + offsets, mask=mask, other=0).to(work)
+    r = tl.load(ref_ptr + offsets, mask=mask, other=0).to(work)
+    diff = tl.abs(o - r)
+    scale = tl.abs(r)
+    allowed = scale * rtol + atol
+    outside = mask & ~(diff <= allowed * margin)
+    rel = diff / tl.maximum(scale, atol)
+    tl.store(partial_ptr + pid, tl.max(outside.to(work), axis=0))
+    tl.store(partial_ptr + programs + pid, tl.max(tl.where(mask, diff, 0), axis=0))
+    tl.store(partial_ptr + 2 * programs + pid, tl.max(tl.where(mask, rel, 0), axis=0))
+    tl.store(partial_ptr + 3 * programs + pid, tl.max(tl.where(mask, allowed, 0), axis=0))
+
+
+def _fast_pass_fused(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
+    """_fast_pass_torch's answer from one kernel over contiguous tensors: each is read once."""
+    wide = ref.dtype == torch.float64
+    n = ref.numel()
+    programs = triton.cdiv(n, FUSED_BLOCK)
+    partial = torch.empty((4, programs), dtype=torch.float64 if wide else torch.float32, device=ref.device)
+    _within_kernel[(programs,)](out.reshape(-1), ref.reshape(-1), partial, n, programs, atol, rtol, FAST_MARGIN,
+                                WIDE=wide, BLOCK=FUSED_BLOCK)
+    outside, max_abs, max_rel, max_allowed = partial.amax(dim=1).tolist()   # the one host read
+    return (max_abs, max_rel) if outside == 0 and math.isfinite(max_allowed) else None
+
+
+def _fast_pass_torch(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
+    """The first pass with torch's elementwise ops, a slice at a time (the CPU, and strided tensors)."""
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32
     totals = []
     for start, stop in _slices(tuple(ref.shape)):
@@ -209,12 +257,18 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     differ = torch.zeros((), dtype=torch.bool, device=b.device)
+    bits = SAME_SIZE_INTEGER.get(a.element_size(), torch.uint8)
     for start, stop in _slices(tuple(a.shape)):
         x, y = _rows(a, start, stop), _rows(b, start, stop)
-        if x.dtype == torch.bool:
-            x, y = x.to(torch.uint8), y.to(torch.uint8)
-        differ |= (x.contiguous().view(torch.uint8) != y.contiguous().view(torch.uint8)).any()
+        if bits is torch.uint8:
+            x, y = x.contiguous().view(torch.uint8), y.contiguous().view(torch.uint8)
+        else:   # one integer per element: a quarter of the comparisons of bytes for float32
+            x, y = x.view(bits), y.view(bits)
+        differ |= (x != y).any()
     return not bool(differ)
+
+
+SAME_SIZE_INTEGER = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _unravel(flat: int, shape) -> list[int]:
