@@ -195,6 +195,9 @@ def phase(store, targets: list[str], seconds: float, evaluator: dict, clock: Clo
         session.start()
         out["start_s"] = time.monotonic() - began
         out["planners"], out["devices"] = session.planners, [d.name for d in session.devices]
+        split = getattr(session, "core_split", None)   # sandbox.cores: None where the CPUs are not split
+        out["cpus"] = {"trusted": [sorted(d.cpus() or []) for d in session.devices],
+                       "jailed": sorted(split.jailed)} if split else None
         for name in targets:
             if clock.left() < per_target:
                 out["skipped"].append(name)
@@ -243,6 +246,7 @@ def table(report: dict) -> str:
         if rates:
             lines.append(f"{key[:12]:<12} {'(min/med)':<11} {'':>4} {min(rates):>6.1f} / {statistics.median(rates):.1f}"
                          f"  planners {ph['planners']}, devices {len(ph['devices'])}, started in {ph['start_s']:.0f} s"
+                         + (f", trusted CPUs {ph['cpus']['trusted']}" if ph.get("cpus") else ", CPUs not split")
                          + (f", skipped {','.join(ph['skipped'])}" if ph["skipped"] else ""))
         host = ph.get("host") or {}
         if host:
@@ -338,6 +342,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8, help="evaluations in the breakdown")
     parser.add_argument("--gpus", default=None, help="all or indices (0,1): one device each (default: this GPU)")
     parser.add_argument("--planners", type=int, default=None)
+    parser.add_argument("--planners-per-gpu", type=int, default=None,
+                        help="planners for each phase: this many times its GPUs (instead of --planners)")
     parser.add_argument("--phases", default=None,
                         help="comma-separated, of breakdown,pipelined,sequential,one-gpu (default: the first three, "
                              "and one-gpu with --gpus)")
@@ -380,7 +386,9 @@ def main() -> None:
 
     if "breakdown" in phases and clock.left() > 60:
         attempt("breakdown", breakdown)
-    evaluator = {"gpus": args.gpus, "planners": args.planners}
+    gpus = runs.gpu_list(args.gpus) if args.gpus else None
+    per_gpu = args.planners_per_gpu
+    evaluator = {"gpus": args.gpus, "planners": per_gpu * len(gpus or [0]) if per_gpu else args.planners}
     evaluator = {k: v for k, v in evaluator.items() if v is not None}
     host = HostSampler().start()
     if "pipelined" in phases:
@@ -392,8 +400,9 @@ def main() -> None:
                                             {"pipeline": 1, "planners": 1}, clock, "sequential",
                                             lambda: Session(spares=2, planners=1), host))
     if "one-gpu" in phases:
-        first = runs.gpu_list(args.gpus)[:1]
-        one = {**evaluator, "gpus": None}
+        first = gpus[:1]
+        one = {k: v for k, v in {**evaluator, "gpus": None, "planners": per_gpu or args.planners}.items()
+               if v is not None}
         planners = runs.planners_for(one, 1, load_target(targets[0]))
         attempt("scaling_one_gpu", lambda: phase(store, targets, args.seconds_per_target, one, clock, "one GPU",
                                                  lambda: Session(spares=planners, gpus=first, planners=planners),
