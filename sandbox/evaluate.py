@@ -36,7 +36,7 @@ from sandbox import cores, jail, pool
 from sandbox.pool import WarmPool
 from sandbox.process import Child, ChildDied, ChildTimeout, clean_env, read_limited, scratch_root
 from tools import profile, rules
-from tools.inputs import DEVICE
+from tools.inputs import DEVICE, RANDOM_STATE
 from tools.numerics import pin_numeric_flags
 from tools.result import VERDICTS, Correctness, Counters, EvalResult, Resources, Roofline, Timing, VsBest
 from tools.target import Target
@@ -118,7 +118,9 @@ def versions() -> dict:
 
 
 class _InProcess:
-    """The CPU referee runs inside the evaluator: the same calls and replies as a Child, without a process."""
+    """The CPU referee runs inside the evaluator: the same calls and replies as a Child, without a process. A command
+    holds torch's global random state (tools.inputs.RANDOM_STATE) throughout: it seeds and draws (inputs, weights, a
+    reference's dropout), and other lanes' referees are threads of this process."""
 
     def __init__(self, referee) -> None:
         self.referee = referee
@@ -126,7 +128,8 @@ class _InProcess:
     def call(self, timeout_s: float, cmd: str, **kwargs) -> dict:
         from sandbox.referee import answer
 
-        return answer(self.referee, {"cmd": cmd, **kwargs})
+        with RANDOM_STATE:
+            return answer(self.referee, {"cmd": cmd, **kwargs})
 
     def close(self) -> None:
         pass

@@ -762,3 +762,47 @@ def test_the_referee_warms_up_its_flop_count_and_torch_compile_and_survives_thei
 
     monkeypatch.setattr(torch, "compile", broken)
     referee.warm_up()   # nothing raised: a cold first candidate, as before
+
+
+def test_lanes_in_one_process_never_see_each_others_random_draws():
+    # On the CPU the referee runs inside the evaluator, and a suite's lanes are threads of one process: another lane's
+    # reference drawing from torch's one random state (dropout, here) between our seed and our draws would give our
+    # referee other inputs than the executor made from the same seed, and a right kernel a wrong verdict.
+    import sys
+    import threading
+
+    import torch
+
+    from sandbox.evaluate import _InProcess
+    from sandbox.referee import Referee
+    from tools.inputs import make_inputs
+    from tools.target import module_from_source
+
+    dropout = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+               "    def forward(self, x):\n        return torch.nn.functional.dropout(x, 0.5, training=True)\n\n"
+               "def get_inputs():\n    return [torch.randn(4096)]\n\ndef get_init_inputs():\n    return []\n")
+    ours = (TARGETS / "tiny_add.py").read_text()
+    expected = {seed: make_inputs(module_from_source(ours, {}, "kloop_expected"), seed) for seed in range(40)}
+    stop = threading.Event()
+
+    def other_lane():
+        lane = _InProcess(Referee())
+        lane.call(60, "shape", shape="d", target_source=dropout, overrides={}, init_seed=1)
+        while not stop.is_set():
+            lane.call(60, "time", name="eager", shape="d", seed=2)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # threads take turns as often as they can
+    other = threading.Thread(target=other_lane)
+    other.start()
+    try:
+        lane = _InProcess(Referee())
+        lane.call(60, "shape", shape="s", target_source=ours, overrides={}, init_seed=0)
+        for seed, want in expected.items():
+            lane.call(60, "expect", shape="s", seed=seed)
+            held = lane.referee.held["s"][1]
+            assert all(torch.equal(a, b) for a, b in zip(held, want)), f"seed {seed}: other inputs"
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)

@@ -3,10 +3,15 @@ so both sides create bit-identical inputs without either sending them to the oth
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# Held by kloop's code in this process while it seeds and draws from torch's one global random state: a suite's lanes
+# are threads of one process, and another lane's draws (its reference's dropout, say) landing between our seed and
+# our draws would give us other inputs or weights than the executor made from the same seed.
+RANDOM_STATE = threading.RLock()
 SPREAD = (-4.0, 4.0)  # where make_inputs(spread=True) maps inputs whose values all have one sign
 SAMPLE = 1 << 16      # elements looked at to tell a continuous input from whole numbers (a mask, counts, indices)
 
@@ -21,8 +26,8 @@ def make_inputs(module, seed: int, spread: bool = False) -> list:
     (HardSigmoid is linear on [-3, 3)), so a copy, a constant or a linear map would pass every trial; a kernel must
     compute the op on any valid input. The map keeps the order of
     the values (sorted boundaries stay sorted) and is the same arithmetic on both sides, so both get the same bits."""
-    torch.manual_seed(seed)
-    with torch.device(DEVICE):
+    with RANDOM_STATE, torch.device(DEVICE):
+        torch.manual_seed(seed)
         inputs = module.get_inputs()
     inputs = [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
     if spread:

@@ -238,11 +238,11 @@ def _reference_failure(target: Target, shape: dict, twice: bool = False) -> str 
     """Why the reference fails at `shape`, in one line; None when it runs. twice: it runs again on a copy of the
     same inputs (its random draws go on from where the first call left them) and must give the same outputs, within
     the evaluator's tolerances. Nothing it made outlives the call (an exception's frames would keep its tensors)."""
-    from tools.inputs import DEVICE, make_inputs
+    from tools.inputs import DEVICE, RANDOM_STATE, make_inputs
 
     module = target.module_for(shape)
     try:
-        with torch.no_grad():
+        with RANDOM_STATE, torch.no_grad():   # its weights' and its dropout's draws too
             model = module.Model(*module.get_init_inputs()).to(DEVICE)
             inputs = make_inputs(module, 0)
             # a copy, not the same seed again: a suite's lanes are threads, and another one's draws could land
@@ -487,11 +487,13 @@ class _ShapeSearch:
 
     def _run(self, shape: dict, device: str, forward: bool) -> int | None:
         """Input elements if get_inputs (and with `forward` the reference) runs at `shape` on `device`, else None."""
+        from tools.inputs import RANDOM_STATE   # its draws land in torch's random state, which fork_rng then restores
+
         elements = self._elements(shape) if forward else None
         if forward and (elements is None or device == "cpu" and elements > 4 * SMALL_ELEMENTS):
             return None  # the CPU checks tiny shapes only
         budget = _OpBudget() if device == "meta" else contextlib.nullcontext()
-        with warnings.catch_warnings(), torch.random.fork_rng(devices=[]), torch.no_grad():
+        with RANDOM_STATE, warnings.catch_warnings(), torch.random.fork_rng(devices=[]), torch.no_grad():
             warnings.simplefilter("ignore")
             try:
                 module = module_from_source(self.source, shape, "kloop_shape_probe")
