@@ -1,13 +1,16 @@
 """CPU affinity: each GPU's trusted processes on physical cores of their own, candidates' processes on the rest.
 
-While a GPU times a kernel its own planners are stopped (sandbox/pool.py: quiet), but another GPU's run on. Without a
-split, a candidate planning for that other GPU could share a core with this GPU's referee while it times eager's
-launches (the launch cover hides only what the host launches within its 0.5 ms). So on a GPU node each GPU's executor and referee get
-TRUSTED_CORES_PER_GPU whole physical cores (SMT siblings included), chosen by the GPU's NVML index from the end of
-the CPU list, and jailed processes get every other CPU. The choice depends only on the node (its CPUs and GPUs), so
-every kloop session on a node makes the same split and two sessions' trusted processes never share cores.
-KLOOP_PIN_CPUS=0 turns it off. It is a guarantee, not a speed-up: on an H100 pair a device's time per candidate
-was within 3-5% with and without it (results/throughput-h100x2/cpu-split-ab/).
+While a GPU times a kernel its own planners are stopped (sandbox/pool.py: quiet), but another GPU's run on, and so
+do their compilers (Triton, ptxas). The split keeps that work off the cores of a referee timing eager's launches
+(the launch cover hides only what the host launches within its 0.5 ms). On a GPU node each GPU's executor and
+referee get TRUSTED_CORES_PER_GPU whole physical cores (SMT siblings included), chosen by the GPU's NVML index from
+the end of the CPU list, and jailed processes get every other CPU. The choice depends only on the node (its CPUs and
+GPUs), so every kloop session on a node makes the same split and two sessions' trusted processes never share cores.
+KLOOP_PIN_CPUS=0 turns it off.
+
+It is placement, not a boundary: affinity is a process's own to change, and a jailed candidate may call
+sched_setaffinity onto every CPU of the node (tried: nothing in the jail stops it). Nor is it a speed-up: on an H100
+pair a device's time per candidate was within 3-5% with and without it (results/throughput-h100x2/cpu-split-ab/).
 """
 from __future__ import annotations
 

@@ -245,8 +245,8 @@ def _reference_failure(target: Target, shape: dict, twice: bool = False) -> str 
         with RANDOM_STATE, torch.no_grad():   # its weights' and its dropout's draws too
             model = module.Model(*module.get_init_inputs()).to(DEVICE)
             inputs = make_inputs(module, 0)
-            # a copy, not the same seed again: a suite's lanes are threads, and another one's draws could land
-            # between a seed and ours
+            # a copy, not inputs made again from the seed: that would seed the random state again, and a reference's
+            # own draws (dropout) must go on from the first call's to be seen
             again = [_aside(x, copy=True) if isinstance(x, torch.Tensor) else x for x in inputs] if twice else None
             first = [_aside(t) for t in output_list(model(*inputs)) if isinstance(t, torch.Tensor)]
             del inputs

@@ -52,6 +52,7 @@ TOLERANCES = {
 CHUNK = 1 << 24  # elements per slice: 128 MiB as float64
 SENSITIVITY_FACTOR = 8.0  # against_float64: allowed distance, in units of the reference's own rounding sensitivity
 FAST_MARGIN = 1 - 1e-3  # the first pass accepts |out - ref| <= 0.999 * (atol + rtol |ref|): float32 error is ~1e-7
+SAME_SIZE_INTEGER = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # same_bits compares whole elements
 
 
 def _slices(shape: tuple) -> list[tuple[int, int]]:
@@ -266,9 +267,6 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
             x, y = x.view(bits), y.view(bits)
         differ |= (x != y).any()
     return not bool(differ)
-
-
-SAME_SIZE_INTEGER = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _unravel(flat: int, shape) -> list[int]:
