@@ -37,6 +37,9 @@ def eval_command(
         check_reference(tgt)
     except TargetError as e:
         fail(str(e))
+    if tgt.degenerate:
+        make_console(stderr=True).print(f"note: target {tgt.name} is degenerate: {tgt.degenerate}; no speedup is "
+                                        "reported", highlight=False, soft_wrap=True, markup=False)
     from tools.inputs import DEVICE
 
     if ncu and DEVICE.type != "cuda":

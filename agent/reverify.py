@@ -66,7 +66,8 @@ def compare(old: dict, new: dict, same_gpu: bool = True) -> list[str]:
     were taken on the same GPU model: an H200 is faster than an H100, and that is no disagreement."""
     found = []
     if old.get("verdict") != new.get("verdict"):
-        found.append(f"verdict {old.get('verdict')} -> {new.get('verdict')}")
+        found.append(f"verdict {old.get('verdict')} -> {new.get('verdict')} (checks v{checks_of(old)} -> "
+                     f"v{checks_of(new)}: {_first_reason(new)})")
     old_t, new_t = old.get("time_us") or {}, new.get("time_us") or {}
     if same_gpu and old_t.get("median") and new_t.get("median"):
         a, b = old_t["median"], new_t["median"]
@@ -74,6 +75,26 @@ def compare(old: dict, new: dict, same_gpu: bool = True) -> list[str]:
         if abs(b - a) > max(TIME_REL_TOLERANCE * a, spread):
             found.append(f"time {a:.3g} us -> {b:.3g} us ({100 * (b - a) / a:+.0f}%)")
     return found
+
+
+def checks_of(attempt: dict) -> int:
+    """The version of the evaluator's checks that judged a logged attempt (tools.result.CHECKS_VERSION; 0: before
+    versions were recorded)."""
+    result = attempt.get("result")
+    if isinstance(result, str):
+        import json
+
+        result = json.loads(result or "{}")
+    return int((result or {}).get("checks") or 0)
+
+
+def _first_reason(attempt: dict) -> str:
+    reasons = attempt.get("reasons") or []
+    if isinstance(reasons, str):
+        import json
+
+        reasons = json.loads(reasons or "[]")
+    return (reasons[0] if reasons else "no reason given")[:300]
 
 
 def _target_from_source(run: dict, directory: Path):

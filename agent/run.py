@@ -408,6 +408,9 @@ def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: di
         store.update_run(run_id, isolation=session.isolation)
         if session.weakly_isolated:
             on_event({"kind": "warning", "message": f"candidates run with weaker isolation: {session.isolation}"})
+        if target.degenerate:
+            on_event({"kind": "warning", "message": f"target {target.name} is degenerate: {target.degenerate}; "
+                      "kernels are judged, but no speedup is reported"})
         on_event({"kind": "stage", "branch": 0, "stage": "starting the evaluator"})
         session.start()
         best = store.best_attempt(run_id)

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import platform
+import random
 import secrets
 import shutil
 import statistics
@@ -36,9 +37,9 @@ from sandbox import cores, jail, pool
 from sandbox.pool import WarmPool
 from sandbox.process import Child, ChildDied, ChildTimeout, clean_env, read_limited, scratch_root
 from tools import profile, rules
-from tools.inputs import DEVICE, RANDOM_STATE
+from tools.inputs import DEVICE, FAMILIES, OWN, RANDOM_STATE
 from tools.numerics import pin_numeric_flags
-from tools.result import VERDICTS, Correctness, Counters, EvalResult, Resources, Roofline, Timing, VsBest
+from tools.result import CHECKS_VERSION, VERDICTS, Correctness, Counters, EvalResult, Resources, Roofline, Timing, VsBest
 from tools.target import Target
 
 NO_GPU_NOTE = "no CUDA GPU: Triton ran under TRITON_INTERPRET=1 on CPU tensors at small shapes; no timing is real"
@@ -52,6 +53,13 @@ RECORDED_CALLS = 20
 # keep their allocators' caches for the next one (same target, same sizes); larger ones give the memory back.
 SHALLOW_RELEASE_FRACTION = 1 / 32
 LARGE_STATE_BYTES = 1 << 30  # weights above this get jailed processes with room for them, not the warm spares
+# A plan's module state (parameters, buffers, cached workspaces) may hold at most twice the reference's parameters and
+# buffers plus this: the trusted side copies it, keeps it and restores it before every call, so a candidate must not
+# make it hold gigabytes a target without weights never needed.
+STATE_SLACK_BYTES = 64 << 20
+# Targets whose parameters and buffers hold at most this get a weights trial (tools/weights.py); larger ones are
+# mostly randomly initialised layers already, and a second copy of their state would cost gigabytes.
+WEIGHTS_TRIAL_MAX_BYTES = 256 << 20
 # Bytes every plan allocation is filled with before a trial, by trial: NaN bits in every float format, then zeros. A
 # kernel that leaves unwritten the elements whose answer is the fill (True in a bool output, 0.0 after a ReLU) fails
 # one of the two.
@@ -67,8 +75,8 @@ COMPILE_MODES = ("max-autotune-no-cudagraphs", "default")
 
 @dataclass
 class EvalSettings:
-    trials: int = 5                   # on the main shape; each hidden variant gets variant_trials more
-    variant_trials: int = 2
+    trials: int = 2                   # on the main shape in the target's own distribution; then one per input family
+    variant_trials: int = 2           # each hidden variant's
     seed: int | None = None           # the run's secret; random when None. Never given to a jailed process.
     timed_calls: int = 30
     warmup_calls: int = 3             # rounds run (and checked) before the timed ones
@@ -441,11 +449,20 @@ class Evaluation:
                  device: Device | None) -> None:
         self.session, self.target, self.source, self.settings, self.index = session, target, source, settings, index
         self.device = device
+        self.salt = secrets.randbits(62)   # the inputs: this candidate's own (see _seed)
         self.shapes = target.shapes(settings.small)
         self.shape_keys = [_shape_key(target, s) for s in self.shapes]
+        # A weights trial (tools/weights.py): the main shape once more, its module's parameters drawn at random for
+        # the reference and the candidate alike; its key is known once the planner says what it could follow.
+        self.weights_index: int | None = None
+        if 0 < target.state_bytes(small=settings.small) <= WEIGHTS_TRIAL_MAX_BYTES:
+            self.weights_index = len(self.shapes)
+            self.shapes.append(dict(self.shapes[0]))
+            self.shape_keys.append(self.shape_keys[0] + ":weights")
+        self.matched: list[str] = []
         self._referee_shapes: set[int] = set()   # shapes the device's referee was told, and which referee start
         self._referee_start: int | None = None
-        self.init_seed = derive_seed(settings.seed, "init")
+        self.init_seed = derive_seed(settings.seed, "init")   # the weights: the same for every candidate of a run
         self.planner: Child | None = None
         self.executor = None
         self.plans_dir: Path | None = None
@@ -457,7 +474,8 @@ class Evaluation:
         self.abandoned = False   # set by a closing pipeline: planning stops at the next step
         self._started = time.perf_counter()
         self.result = EvalResult(language=rules.detect_language(source), numeric_flags=pin_numeric_flags(),
-                                 gpu=session.gpu(), versions=versions(), isolation=session.isolation)
+                                 gpu=session.gpu(), versions=versions(), isolation=session.isolation,
+                                 checks=CHECKS_VERSION)
 
     # -- plan: rules, then the jailed planner ----------------------------------------------------------------------
     def assemble(self) -> EvalResult:
@@ -503,25 +521,41 @@ class Evaluation:
                 return self._close_planner()
             if i == 1:  # what the candidate prints from here on may carry hidden shapes: keep only what came before
                 self._output_cut = self.planner.output_sizes()
+            perturb = {"perturb": self._seed("weights")} if i == self.weights_index else {}
             reply = self._call(self.planner, self.settings.load_timeout_s, "build", shape=i, overrides=shape,
-                               seed=derive_seed(self.settings.seed, "plan", i))
-            if self._ok(reply, hidden=i or None):  # compiled: from here a hang costs the hang limit, not compile's
+                               seed=self._seed("plan", i), **perturb)
+            if perturb and reply.get("status") == "ok":
+                self.matched = list(reply.get("matched") or [])
+                self.shape_keys[i] = f"{self.shape_keys[0]}:weights:" + hashlib.sha256(
+                    json.dumps([perturb["perturb"], self.matched]).encode()).hexdigest()[:16]
+            if self._ok(reply, hidden=self._variant(i)):  # compiled: a hang costs the hang limit from here, not compile's
                 reply = self._call(self.planner, self._run_timeout(), "record", out=str(self.planner.workdir /
                                    f"plan-{i}"), records=RECORDED_CALLS if i == 0 else 3)
-            if not self._ok(reply, hidden=i or None):
+            if not self._ok(reply, hidden=self._variant(i)):
                 return self._close_planner()
             began = time.perf_counter()
             try:
                 copy_plan(self.planner.workdir / f"plan-{i}", self.plans_dir / str(i))
+                self._check_state(i)
             except PlanError as e:
                 self._close_planner()
-                return self._finish("rejected", *self._hidden(i, "rejected", f"the launch plan: {e}"))
+                return self._finish("rejected", *self._hidden(self._variant(i), "rejected",
+                                                              f"the launch plan: {e}"))
             if i == 0:
                 self._start_sass()
             self._waited("plan:copy", began)
         began = time.perf_counter()
         self._close_planner()
         self._waited("planner:close", began)
+
+    def _check_state(self, i: int) -> None:
+        """Refuse (PlanError) a plan whose module state outgrows the reference's (STATE_SLACK_BYTES)."""
+        held = sum(entry["nbytes"] for entry in load_plan(self.plans_dir / str(i) / "plan.json").state)
+        reference = self.target.state_bytes(small=not self.session.cuda)
+        if held > 2 * reference + STATE_SLACK_BYTES:
+            raise PlanError(f"its module state (parameters, buffers, workspaces made before forward) holds {held} "
+                            f"bytes, over twice the reference's {reference} plus {STATE_SLACK_BYTES >> 20} MiB: "
+                            "allocate workspaces in forward instead")
 
     def _start_sass(self) -> None:
         """The SASS of the main plan's Triton kernels, disassembled (cuobjdump: trusted, CPU only) on a thread of its
@@ -601,7 +635,7 @@ class Evaluation:
             self._referee_shape(i)
             reply = self._call(self.executor, 120, "shape", shape=key, target_source=self.target.source,
                                overrides=shape)
-            if not self._ok(reply, hidden=i or None):
+            if not self._ok(reply, hidden=self._variant(i)):
                 return
             plan_dir = self.plans_dir / str(i)
             if not self.session.cuda:  # the jailed executor reads only its own directory
@@ -611,7 +645,7 @@ class Evaluation:
                                plan_dir=str(plan_dir), shape=key)
             if reply.get("status") == "not_run":
                 return self._ptx_not_run()
-            if not self._ok(reply, hidden=i or None):
+            if not self._ok(reply, hidden=self._variant(i)):
                 return
             plan = load_plan(self.plans_dir / str(i) / "plan.json")
             if i == 0:
@@ -663,35 +697,62 @@ class Evaluation:
         return self.result
 
     def _verify(self) -> None:
+        """Trials on fresh inputs: at the main shape `trials` in the target's own distribution (alternating
+        poisons), then one per input family (tools/inputs.py) in an order drawn from the seed; `variant_trials` per
+        hidden variant. A family whose reference fails or is nowhere finite is skipped. The reference's outputs must
+        vary on some trial and depend on the inputs, else the target is degenerate: a constant kernel would pass
+        (flagged, no speedup)."""
         stats = Correctness(shapes=len(self.shapes))
-        trial_us: list[float] = []   # the main shape's plain trials, for pruning
+        trial_us: list[float] = []   # the main shape's first trials, for pruning
+        fingerprints, varied = [], False
         for i in range(len(self.shapes)):
-            trials = [(t, False) for t in range(self.settings.trials if i == 0 else self.settings.variant_trials)]
-            spreadable = False
-            for trial, spread in trials:
-                seed = derive_seed(self.settings.seed, "trial", i, trial)
-                reasons = self._replay_and_check(i, seed, stats, timed=False, spread=spread,
+            own = self.settings.trials if i == 0 else self.settings.variant_trials
+            families = [OWN] * own + (self._families() if i == 0 else [])
+            for trial, family in enumerate(families):
+                seed = self._seed("trial", i, trial)
+                reasons = self._replay_and_check(i, seed, stats if i == 0 else None, timed=False, family=family,
                                                  poison=TRIAL_POISONS[trial % len(TRIAL_POISONS)])
                 if reasons is None:
                     return
-                if spread and self._last_check.get("skipped"):
+                if self._last_check.get("skipped"):
+                    stats.skipped.append(f"{family}: {self._last_check['skipped'][:200]}")
                     continue
                 stats.trials += 1
-                stats.spread_trials += spread
                 if reasons:
-                    self.result.correctness = stats
-                    what = f"trial {trial + 1}" + (" (one-signed inputs spread onto [-4, 4])" if spread else "")
+                    if i == 0:
+                        self.result.correctness = stats
+                    where = f"trial {trial + 1}" + ("" if family == OWN else f" ({family} inputs)")
                     return self._finish("incorrect", *self._hidden(
-                        i, "incorrect", *[f"main shape, {what}: {r}" for r in reasons]))
-                spreadable = spreadable or bool(self._last_check.get("spreadable"))
-                if i == 0 and not spread and len(trial_us) < PRUNE_TRIALS:
-                    trial_us.append((self._last_run.get("ms") or 0.0) * 1e3)
-                    if len(trial_us) == PRUNE_TRIALS and self._pruned(min(trial_us), stats):
-                        return
-                if i == 0 and spreadable and trial == len(trials) - 1 and not spread:
-                    trials.append((trial + 1, True))  # one more main-shape trial, on inputs that reach below 0
+                        self._variant(i), "incorrect", *[f"{self._shape_name(i)}, {where}: {r}" for r in reasons]))
+                if i == 0:
+                    if family != OWN:
+                        stats.families.append(family)
+                    varied = varied or bool(self._last_check.get("varies"))
+                    fingerprints.append(self._last_check.get("fingerprint"))
+                    if trial < PRUNE_TRIALS:
+                        trial_us.append((self._last_run.get("ms") or 0.0) * 1e3)
+                        if len(trial_us) == PRUNE_TRIALS and self._pruned(min(trial_us), stats):
+                            return
         self.result.correctness = stats
         self.result.verdict = "correct"
+        if not varied:
+            self.result.degenerate = ("the reference's output is constant on every input family tried: a kernel "
+                                      "writing that constant would pass")
+        elif len(fingerprints) > 1 and all(f == fingerprints[0] for f in fingerprints):
+            self.result.degenerate = "the reference's output does not depend on its inputs"
+        if self.result.degenerate:
+            self.result.flags.append("degenerate_target")
+
+    def _families(self) -> list[str]:
+        """The input families the main shape is tried on, in an order drawn from this candidate's seed."""
+        families = list(FAMILIES)
+        random.Random(self._seed("families")).shuffle(families)
+        return families
+
+    def _seed(self, *parts) -> int:
+        """A seed for this candidate's inputs: from the run's secret and a salt of this evaluation's own, so no two
+        candidates of a session see the same inputs (a kernel cannot remember outputs across evaluations)."""
+        return derive_seed(self.settings.seed, self.salt, *parts)
 
     def _pruned(self, trial_us: float, stats: Correctness) -> bool:
         """Stop here (verdict timeout) when the candidate's faster of its first main-shape trials took more than
@@ -710,23 +771,22 @@ class Evaluation:
         return True
 
     def _replay_and_check(self, i: int, seed: int, stats: Correctness | None, timed: bool,
-                          key: str | None = None, spread: bool = False,
+                          key: str | None = None, family: str = OWN,
                           poison: int = TRIAL_POISONS[0]) -> list[str] | None:
-        """Fresh inputs, one replay, one comparison. None when the replay itself failed (the verdict is set).
-        spread: one-signed inputs are mapped onto [-4, 4] on both sides (tools.inputs.make_inputs). poison: the
-        byte the plan's allocations are filled with first. Timed calls skip the referee's question whether an input
-        has values of one sign only (verify asks it)."""
+        """Fresh inputs in `family` (tools/inputs.py, the same on both sides), one replay, one comparison. None when
+        the replay itself failed (the verdict is set). poison: the byte the plan's allocations are filled with
+        first."""
         key = key or self.keys[i]
-        timeout = self._round_timeout(i, seed, spread)
+        timeout = self._round_timeout(i, seed, family)
         if timeout is None:
             return None
         directory = self._output_dir()
-        reply = self._call(self.executor, timeout, "round", key=key, seed=seed, spread=spread, timed=timed,
+        reply = self._call(self.executor, timeout, "round", key=key, seed=seed, family=family, timed=timed,
                            dir=str(directory) if directory else None, poison=poison)
-        if not self._ok(reply, hidden=i or None, stage="profile" if timed else ""):
+        if not self._ok(reply, hidden=self._variant(i), stage="profile" if timed else "") or self._overran(reply, i):
             return None
         self._last_run = reply
-        return self._check(i, seed, key, stats, spread, shared=reply, probe=not timed)
+        return self._check(i, seed, key, stats, family, shared=reply)
 
     def _output_dir(self) -> Path | None:
         """Without a GPU, where the jailed executor writes its outputs (emptied first); None on a GPU (CUDA IPC)."""
@@ -736,15 +796,17 @@ class Evaluation:
         shutil.rmtree(directory, ignore_errors=True)
         return directory
 
-    def _check(self, i: int, seed: int, key: str, stats: Correctness | None, spread: bool = False,
-               shared: dict | None = None, probe: bool = True) -> list[str] | None:
-        """Compare what the executor holds for `key` (described in `shared`, else asked for) with the reference."""
+    def _check(self, i: int, seed: int, key: str, stats: Correctness | None, family: str = OWN,
+               shared: dict | None = None) -> list[str] | None:
+        """Compare what the executor holds for `key` (described in `shared`, else asked for) with the reference.
+        stats: where the main shape's error statistics go (None for a hidden variant: nothing numeric about one may
+        reach a policy)."""
         directory = None if self.session.cuda else self.executor.workdir / "out"
         if shared is None:
             if directory is not None:
                 shutil.rmtree(directory, ignore_errors=True)
             shared = self._call(self.executor, 600, "share", key=key, dir=str(directory) if directory else None)
-            if not self._ok(shared, hidden=i or None):
+            if not self._ok(shared, hidden=self._variant(i)):
                 return None
         if directory is not None and (directory.is_symlink() or not directory.is_dir()):
             self._finish("runtime_error", "the executor's output directory is not a directory")
@@ -758,17 +820,20 @@ class Evaluation:
         inputs = [None if name is None else ({"file": name} if directory is not None else name)
                   for name in shared.get("inputs") or []]
         reply = self._ref(600, "check", shape=self.shape_keys[i], seed=seed, outputs=outputs, inputs=inputs,
-                          directory=str(directory) if directory else None, spread=spread, probe=probe)
+                          directory=str(directory) if directory else None, family=family)
         self._last_check = reply
-        if reply.get("status") != "ok" and spread and reply.get("fatal"):
+        if reply.get("status") != "ok" and family != OWN and reply.get("fatal"):
             # the reference took its process down on inputs outside its domain: no answer there, as when it raises
-            self._last_check = {"skipped": f"the reference ended its process on spread inputs: {reply.get('message')}"}
+            self._last_check = {"skipped": f"the reference ended its process on {family} inputs: "
+                                           f"{reply.get('message')}"}
             return []
         if reply.get("status") != "ok":
             self._finish("runtime_error", f"the reference failed: {reply.get('message')}")
             return None
         found = reply.get("stats") or {}
         if stats is not None:
+            stats.norm_err = max(stats.norm_err, found.get("norm_err") or 0.0)
+        if stats is not None and family == OWN:   # other families' element errors follow their own scales
             stats.max_abs_err = max(stats.max_abs_err, found.get("max_abs_err") or 0.0)
             stats.max_rel_err = max(stats.max_rel_err, found.get("max_rel_err") or 0.0)
             if found.get("worst"):
@@ -785,14 +850,14 @@ class Evaluation:
 
     def _profile(self) -> None:
         counts = self._ref(600, "roofline_counts", shape=self.shape_keys[0],
-                           seed=derive_seed(self.settings.seed, "roofline"))
+                           seed=self._seed("roofline"))
         if counts.get("status") != "ok":
             return self._finish("runtime_error", f"the reference failed: {counts.get('message')}")
         if not self.session.cuda:
             self.result.timing_note = NO_GPU_NOTE
             self.result.roofline = Roofline(bytes=counts["bytes"], flops=counts["flops"])
             return
-        timings = self._time(derive_seed(self.settings.seed, "time"))
+        timings = self._time(self._seed("time"))
         if timings is None:
             return
         gpu = self.result.gpu
@@ -802,7 +867,7 @@ class Evaluation:
         suspicious = (speedup and max(speedup.values()) > self.settings.max_speedup) or \
             (roof.sol_us and timings["candidate"].median < roof.sol_us)
         if suspicious:  # measure again before believing it, and say so either way
-            again = self._time(derive_seed(self.settings.seed, "time", "again"))
+            again = self._time(self._seed("time", "again"))
             if again is None:
                 return
             timings, speedup = again, _speedups(again)
@@ -814,7 +879,7 @@ class Evaluation:
                 self.result.flags.append("below_speed_of_light_remeasured")
         self.result.time_us = timings.pop("candidate")
         self.result.baselines = timings or None
-        self.result.speedup = speedup
+        self.result.speedup = None if self.result.degenerate else speedup   # nothing to be faster at
         self.result.roofline = roof
         with self.session.hold_best() as best:
             if best is not None and best.target_sha256 == self.target.sha256 and \
@@ -842,17 +907,19 @@ class Evaluation:
         rounds = self.settings.warmup_calls + self.settings.timed_calls
         for r in range(rounds):
             round_seed = derive_seed(seed, r)
+            family = self._round_family(round_seed)
             shift = r % len(names)
             shared = None
             for name in names[shift:] + names[:shift]:
                 if name == "candidate":
-                    reasons_or_none = self._replay(round_seed)
+                    reasons_or_none = self._replay(round_seed, family)
                     if reasons_or_none is None:
                         return None
                     reply = shared = reasons_or_none
                 else:
                     reply = self._ref(self.settings.baseline_timeout_s, "time", name=name,
-                                      shape=self.shape_keys[0], seed=round_seed, mode=self.settings.compile_mode)
+                                      shape=self.shape_keys[0], seed=round_seed, mode=self.settings.compile_mode,
+                                      family=family)
                     if reply.get("status") != "ok":
                         self.result.flags.append(f"baseline_{name}_failed: {str(reply.get('message'))[:200]}")
                         names.remove(name)
@@ -861,7 +928,7 @@ class Evaluation:
                 if r >= self.settings.warmup_calls:
                     samples[name].append(reply["ms"])
                     wall[name] += reply["wall_ms"]
-            reasons = self._check(0, round_seed, self.keys[0], None, shared=shared, probe=False)
+            reasons = self._check(0, round_seed, self.keys[0], None, family, shared=shared)
             if reasons is None:
                 return None
             if reasons:  # a kernel must be right every time it is timed, not only when it was verified
@@ -887,16 +954,30 @@ class Evaluation:
             self.result.flags.append("events_exceed_wall_clock")
         return timings
 
-    def _replay(self, seed: int) -> dict | None:
+    def _round_family(self, seed: int) -> str:
+        """A timed round's input family: drawn from the target's own and those the main shape was judged on, so a
+        kernel cannot tell a timed call from a checked one by its inputs (every timed output is checked too)."""
+        judged = self.result.correctness.families if self.result.correctness else []
+        return random.Random(seed).choice([OWN, *judged])
+
+    def _replay(self, seed: int, family: str = OWN) -> dict | None:
         """One timed call of the candidate on fresh inputs (its outputs described for the check); None if it
         failed (the verdict is set)."""
-        timeout = self._round_timeout(0, seed, False)
+        timeout = self._round_timeout(0, seed, family)
         if timeout is None:
             return None
-        reply = self._call(self.executor, timeout, "round", key=self.keys[0], seed=seed, timed=True)
-        if not self._ok(reply, hidden=None, stage="profile"):
+        reply = self._call(self.executor, timeout, "round", key=self.keys[0], seed=seed, family=family, timed=True)
+        if not self._ok(reply, hidden=None, stage="profile") or self._overran(reply, 0):
             return None
         return reply
+
+    def _overran(self, reply: dict, i: int) -> bool:
+        """The replay wrote into a guard region around one of its buffers (sandbox/executor.py): incorrect."""
+        if not reply.get("overrun"):
+            return False
+        self._finish("incorrect", *self._hidden(self._variant(i), "incorrect", f"{self._shape_name(i)}: "
+                                                                                 f"{reply['overrun']}"))
+        return True
 
     def _versus_best(self, best: BestKernel, key: str | None = None) -> None:
         """A would-be new best is timed again against the standing best, interleaved round by round, and counts
@@ -913,17 +994,20 @@ class Evaluation:
         try:
             with self.device.quiet():
                 for r in range(self.settings.paired_calls):
-                    seed = derive_seed(self.settings.seed, "paired", r)
-                    reply = self._call(self.executor, 600, "inputs", shape=self.shape_keys[0], seed=seed)
+                    seed = self._seed("paired", r)
+                    family = self._round_family(seed)
+                    reply = self._call(self.executor, 600, "inputs", shape=self.shape_keys[0], seed=seed,
+                                       family=family)
                     if not self._ok(reply, hidden=None, stage="profile"):
                         return
                     times = {}
                     for which in ((mine, other) if r % 2 == 0 else (other, mine)):
                         reply = self._call(self.executor, self._run_timeout(), "run", key=which, timed=True)
-                        if not self._ok(reply, hidden=None, stage="profile"):
+                        if not self._ok(reply, hidden=None, stage="profile") or \
+                                (which == mine and self._overran(reply, 0)):
                             return
                         times[which] = reply["ms"]
-                    reasons = self._check(0, seed, mine, None, probe=False)
+                    reasons = self._check(0, seed, mine, None, family)
                     if reasons is None:
                         return
                     if reasons:
@@ -961,7 +1045,7 @@ class Evaluation:
 
     def _ncu(self) -> dict[str, Counters] | None:
         spec = {"plan_dir": str(self.plans_dir / "0"), "target_source": self.target.source,
-                "overrides": self.shapes[0], "seed": derive_seed(self.settings.seed, "ncu"), "calls": 3}
+                "overrides": self.shapes[0], "seed": self._seed("ncu"), "calls": 3}
         spec_path = self.plans_dir / "ncu-spec.json"
         spec_path.write_text(json.dumps(spec))
         names = [r.kernel for r in self.result.resources]
@@ -984,7 +1068,7 @@ class Evaluation:
     def _run_timeout(self) -> float:
         return self.settings.hang_timeout_s if self.session.cuda else self.settings.run_timeout_s
 
-    def _round_timeout(self, i: int, seed: int, spread: bool) -> float | None:
+    def _round_timeout(self, i: int, seed: int, family: str) -> float | None:
         """The limit of one round on shape i: the hang limit, plus slack for making its inputs (at full size that
         can take seconds). What making them takes is measured here, by a command of its own with the inputs' limit,
         the first time the device meets the shape, so a kernel that hangs costs the hang limit, never the inputs'.
@@ -993,8 +1077,8 @@ class Evaluation:
         known = self.device.inputs_s.get(shape_key)
         if known is None:
             began = time.perf_counter()
-            reply = self._call(self.executor, INPUTS_TIMEOUT_S, "inputs", shape=shape_key, seed=seed, spread=spread)
-            if not self._ok(reply, hidden=i or None):
+            reply = self._call(self.executor, INPUTS_TIMEOUT_S, "inputs", shape=shape_key, seed=seed, family=family)
+            if not self._ok(reply, hidden=self._variant(i)):
                 return None
             known = self.device.inputs_s[shape_key] = time.perf_counter() - began
         return self._run_timeout() + 10 + 20 * known
@@ -1030,8 +1114,17 @@ class Evaluation:
         return reply
 
     def _shape_command(self, i: int) -> dict:
+        weights = {"perturb": self._seed("weights"), "matched": self.matched} if i == self.weights_index else {}
         return {"shape": self.shape_keys[i], "target_source": self.target.source, "overrides": self.shapes[i],
-                "init_seed": self.init_seed}
+                "init_seed": self.init_seed, **weights}
+
+    def _variant(self, i: int) -> int | None:
+        """i when shape i is a hidden variant (what a policy may learn of it is its number and the verdict), else
+        None: the main shape, and the main shape's weights trial."""
+        return i if 0 < i != self.weights_index else None
+
+    def _shape_name(self, i: int) -> str:
+        return "main shape, its parameters drawn at random" if i == self.weights_index else "main shape"
 
     def _referee_shape(self, i: int) -> None:
         self._ref(600, "shape", **self._shape_command(i))

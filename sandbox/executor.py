@@ -12,10 +12,10 @@ tools.rules.check_jit_function, rebuilt into a module of our own making), never 
 Commands (JSON lines in, JSON lines out on the control fd), see sandbox/evaluate.py for the caller:
     shape {shape, target_source, overrides}      the target module for one shape
     load {key, plan_dir, shape}                  a plan's kernels and buffers; replies with kernel resources
-    inputs {shape, seed, spread}                 fresh inputs for a shape (same seed, same bits as the referee's)
+    inputs {shape, seed, family}                 fresh inputs for a shape (same seed, same bits as the referee's)
     run {key, timed, poison}                     poison the plan's allocations, run its steps (timed: cold L2, events)
     share {key, dir}                             outputs and inputs for the referee: IPC handles, or files in dir
-    round {key, seed, spread, timed, dir, poison}  inputs + run + share in one command (one round trip per trial)
+    round {key, seed, family, timed, dir, poison}  inputs + run + share in one command (one round trip per trial)
     unload {key}
     release {deep}                               free the inputs (deep: and the allocator's cache)
 
@@ -40,7 +40,7 @@ import torch
 
 from sandbox import plan as planfmt
 from sandbox.process import is_cuda_failure
-from tools.inputs import DEVICE, make_inputs
+from tools.inputs import DEVICE, OWN, make_inputs
 from tools.numerics import pin_numeric_flags
 from tools.target import module_from_source
 
@@ -85,11 +85,57 @@ def view(buffer: torch.Tensor, offset: int, dtype: str, shape: list[int], stride
         buffer.untyped_storage(), buffer.storage_offset() // itemsize + offset // itemsize, shape, stride)
 
 
-class Loaded:
-    """One plan made runnable here: its kernels, its allocations and its state."""
+# Every buffer the executor makes for a plan (allocations, state, inputs) sits between two guard regions, filled with
+# the trial's poison before each replay and checked after it: a store past either end is caught ("wrote past the end
+# of allocation 0"), and a load past either end reads NaN bits (0xFF) or zeros, which shows in the outputs. Buffers
+# start 512-byte aligned, as the caching allocator's do (Triton specializes on 16-byte alignment, TMA needs 16).
+GUARD_BYTES = 1 << 18     # each side of each buffer
+GUARD_BUDGET = 1 << 26    # of guard bytes per plan: a plan of many buffers gets smaller guards
+GUARD_ALIGN = 512
 
-    def __init__(self, plan: planfmt.Plan, shape: str, kernels: list, allocs: list, state: list) -> None:
+
+class Guarded:
+    """`nbytes` bytes (`inner`, a flat uint8 tensor) with `guard` bytes before and after, in one allocation."""
+
+    def __init__(self, nbytes: int, guard: int, name: str) -> None:
+        self.raw = torch.empty(nbytes + 2 * guard, dtype=torch.uint8, device=DEVICE)
+        self.guard, self.name = guard, name
+        self.inner = self.raw[guard:guard + nbytes]
+
+    def poison(self, byte: int, whole: bool = False) -> None:
+        """The guards (whole: and the inner bytes) filled with `byte`."""
+        if whole:
+            self.raw.fill_(byte)
+            return
+        self.raw[:self.guard].fill_(byte)
+        self.raw[self.guard + self.inner.numel():].fill_(byte)
+
+    def changed(self, byte: int) -> torch.Tensor:
+        """A 0-d bool tensor (no host read): does either guard hold anything but `byte`?"""
+        return (self.raw[:self.guard] != byte).any() | (self.raw[self.guard + self.inner.numel():] != byte).any()
+
+
+def guard_bytes(buffers: int) -> int:
+    return max(GUARD_ALIGN, min(GUARD_BYTES, GUARD_BUDGET // max(1, 2 * buffers)) // GUARD_ALIGN * GUARD_ALIGN)
+
+
+def overruns(guarded: list[Guarded], byte: int) -> list[str]:
+    """The names of the buffers whose guards a replay wrote (one host read)."""
+    if not guarded:
+        return []
+    changed = torch.stack([g.changed(byte) for g in guarded]).tolist()
+    return [g.name for g, bad in zip(guarded, changed) if bad]
+
+
+class Loaded:
+    """One plan made runnable here: its kernels, its allocations and its state (guarded buffers), and the state's
+    bytes as recorded (`pristine`), restored before every replay: a kernel cannot keep anything from call to call in
+    its module's parameters or buffers (a counter that computes on checked calls and skips the rest)."""
+
+    def __init__(self, plan: planfmt.Plan, shape: str, kernels: list, allocs: list[Guarded], state: list[Guarded],
+                 pristine: list[torch.Tensor]) -> None:
         self.plan, self.shape, self.kernels, self.allocs, self.state = plan, shape, kernels, allocs, state
+        self.pristine = pristine
         self.outputs: list[torch.Tensor] = []
         self.shared: list[dict] | None = None   # the outputs' IPC descriptions, made once (their buffers persist)
 
@@ -103,7 +149,9 @@ class Executor:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.shapes: dict[str, object] = {}
-        self.held: dict[str, list] = {}   # shape -> the inputs made last (one shape at a time)
+        self.held: dict[str, list] = {}   # shape -> the inputs made last (one shape at a time), in guarded buffers
+        self.held_guards: list[Guarded | None] = []   # per input: its guarded buffer (None: not a tensor)
+        self.held_layout: list = []       # the inputs as make_inputs laid them out (what a refresh must match)
         self.held_shared: list | None = None  # their IPC descriptions while the buffers stay the same
         self.loaded: dict[str, Loaded] = {}
         self._modules = 0
@@ -128,18 +176,26 @@ class Executor:
             return {"status": "not_run", "message": "no CUDA GPU: the PTX was assembled but cannot run here"}
         kernels = [self._kernel(k, plan) for k in plan.kernels]
         _constexprs_are_values(plan, kernels)
-        allocs = [torch.empty(n, dtype=torch.uint8, device=DEVICE) for n in plan.allocs]
-        state = [self._state(plan, entry) for entry in plan.state]
-        loaded = Loaded(plan, shape, kernels, allocs, state)
-        loaded.outputs = [view(allocs[o.ref.index], o.offset, o.dtype, o.shape, o.stride) for o in plan.outputs]
+        guard = guard_bytes(len(plan.allocs) + len(plan.state))
+        names = {o.ref.index: f"allocation {o.ref.index} (output {i})" for i, o in enumerate(plan.outputs)}
+        allocs = [Guarded(n, guard, names.get(k, f"allocation {k}")) for k, n in enumerate(plan.allocs)]
+        # The recorded state stays on the device where it fits easily beside its working copy, else in host memory
+        # (each replay then copies it over the bus: slower, but it fits).
+        state_bytes = sum(entry["nbytes"] for entry in plan.state)
+        on_host = self.cuda and state_bytes > torch.cuda.mem_get_info(DEVICE)[0] / 4
+        pristine = [self._state(plan, entry, torch.device("cpu") if on_host else DEVICE) for entry in plan.state]
+        state = [Guarded(entry["nbytes"], guard, f"state {k}") for k, entry in enumerate(plan.state)]
+        loaded = Loaded(plan, shape, kernels, allocs, state, pristine)
+        loaded.outputs = [view(allocs[o.ref.index].inner, o.offset, o.dtype, o.shape, o.stride)
+                          for o in plan.outputs]
         self.loaded[key] = loaded
         return {"status": "ok", "resources": [self._resources(k, plan, kernel)
                                               for k, kernel in zip(plan.kernels, kernels)]}
 
     @staticmethod
-    def _state(plan: planfmt.Plan, entry: dict) -> torch.Tensor:
-        """A state snapshot on the device, filled a part at a time (host memory holds one part, not the whole)."""
-        state = torch.empty(entry["nbytes"], dtype=torch.uint8, device=DEVICE)
+    def _state(plan: planfmt.Plan, entry: dict, device: torch.device) -> torch.Tensor:
+        """A state snapshot on `device`, filled a part at a time (host memory holds one part, not the whole)."""
+        state = torch.empty(entry["nbytes"], dtype=torch.uint8, device=device)
         at = 0
         for name in entry["blobs"]:
             data = planfmt.read_untrusted(plan.blob_path(name), entry["nbytes"] - at)
@@ -150,11 +206,11 @@ class Executor:
             raise planfmt.PlanError(f"the state's blobs hold {at} bytes, not its {entry['nbytes']}")
         return state
 
-    def inputs(self, shape: str, seed: int, spread: bool = False) -> dict:
+    def inputs(self, shape: str, seed: int, family: str = OWN) -> dict:
         old = self.held.get(shape)
         if old is not None and self.cuda and _bytes(old) <= self._in_place_limit():
-            new = make_inputs(self.shapes[shape], seed, spread=bool(spread))
-            if _same_layout(old, new):  # same buffers, new values: the referee's mappings stay valid
+            new = make_inputs(self.shapes[shape], seed, family)
+            if _same_layout(self.held_layout, new):  # same buffers, new values: the referee's mappings stay valid
                 for held, fresh in zip(old, new):
                     if isinstance(held, torch.Tensor):
                         held.copy_(fresh)
@@ -165,13 +221,17 @@ class Executor:
         another_shape = shape not in self.held
         old = None  # free the old set first (this name kept it alive too): at full size two may not fit
         self.held.clear()
+        self.held_guards = []
         self.held_shared = None
         if self.cuda:
             torch.cuda.ipc_collect()  # shared blocks the referee has let go of are only freed here
             if another_shape:  # and give the freed blocks back: a smaller set (a hidden variant) carved out of a
                 # cached full-size block leaves the rest too small for the next full-size one, which takes a second
                 torch.cuda.empty_cache()
-        self.held[shape] = make_inputs(self.shapes[shape], seed, spread=bool(spread))
+        fresh = make_inputs(self.shapes[shape], seed, family)
+        self.held_layout = _layout(fresh)
+        self.held[shape], self.held_guards = _guarded_inputs(fresh)
+        del fresh
         if self.cuda:
             torch.cuda.synchronize()
         return {"status": "ok"}
@@ -181,10 +241,10 @@ class Executor:
             self._limit = torch.cuda.get_device_properties(DEVICE).total_memory * IN_PLACE_FRACTION
         return self._limit
 
-    def round(self, key: str, seed: int, spread: bool = False, timed: bool = False, dir: str | None = None,
+    def round(self, key: str, seed: int, family: str = OWN, timed: bool = False, dir: str | None = None,
               poison: int = POISON) -> dict:
         """One trial or timed call: fresh inputs, a replay, and what the referee needs to check it."""
-        self.inputs(self.loaded[key].shape, seed, spread)
+        self.inputs(self.loaded[key].shape, seed, family)
         ran = self.run(key, timed, poison)
         return {**self.share(key, dir), **{k: v for k, v in ran.items() if k != "status"}}
 
@@ -192,12 +252,20 @@ class Executor:
         loaded = self.loaded[key]
         inputs = self.held[loaded.shape]
         self._check_inputs(loaded.plan, inputs)
+        byte = int(poison) & 0xFF
         for buffer in loaded.allocs:  # no allocation may hold an old answer (or anything else) when forward starts
-            buffer.fill_(int(poison) & 0xFF)
+            buffer.poison(byte, whole=True)
+        for buffer, recorded in zip(loaded.state, loaded.pristine):
+            buffer.poison(byte)
+            buffer.inner.copy_(recorded)
+        guarded = loaded.allocs + loaded.state + [g for g in self.held_guards if g is not None]
+        for g in self.held_guards:
+            if g is not None:
+                g.poison(byte)
         if not self.cuda:
             began = time.perf_counter()
             self._steps(loaded, inputs)
-            return {"status": "ok", "wall_ms": (time.perf_counter() - began) * 1e3}
+            return {"status": "ok", "wall_ms": (time.perf_counter() - began) * 1e3, **_overrun(guarded, byte)}
         with torch.cuda.stream(self.stream):
             if timed:
                 _reset_persisting_l2()
@@ -211,7 +279,7 @@ class Executor:
             end.record()
             torch.cuda.synchronize()
             wall_ms = (time.perf_counter() - began) * 1e3
-        return {"status": "ok", "ms": start.elapsed_time(end), "wall_ms": wall_ms}
+        return {"status": "ok", "ms": start.elapsed_time(end), "wall_ms": wall_ms, **_overrun(guarded, byte)}
 
     def share(self, key: str, dir: str | None = None) -> dict:
         loaded = self.loaded[key]
@@ -247,6 +315,7 @@ class Executor:
         """Between candidates: free the inputs; deep (another target next, or large inputs): and the allocator's
         cache, so the next target has the memory. The next candidate of the same target reuses the cached blocks."""
         self.held.clear()
+        self.held_guards, self.held_layout = [], []
         self.held_shared = None
         if self.cuda:
             torch.cuda.ipc_collect()  # shared blocks the referee has let go of
@@ -366,17 +435,16 @@ class Executor:
         for i, (x, spec) in enumerate(zip(inputs, plan.inputs)):
             if spec.dtype is None:
                 continue
-            if not isinstance(x, torch.Tensor) or str(x.dtype).removeprefix("torch.") != spec.dtype or \
-                    list(x.shape) != spec.shape or list(x.stride()) != spec.stride or \
-                    x.untyped_storage().nbytes() != spec.nbytes:
+            guarded = self.held_guards[i] if i < len(self.held_guards) else None
+            if not isinstance(x, torch.Tensor) or guarded is None or \
+                    str(x.dtype).removeprefix("torch.") != spec.dtype or list(x.shape) != spec.shape or \
+                    list(x.stride()) != spec.stride or guarded.inner.numel() != spec.nbytes:
                 raise ExecutorError("runtime_error", f"the plan was made for another input {i}")
 
     def _buffer(self, loaded: Loaded, inputs: list, ref: planfmt.Ref) -> torch.Tensor:
-        if ref.kind == "input":
-            x = inputs[ref.index]
-            storage = x.untyped_storage()
-            return torch.empty(0, dtype=torch.uint8, device=x.device).set_(storage, 0, (storage.nbytes(),), (1,))
-        return (loaded.allocs if ref.kind == "alloc" else loaded.state)[ref.index]
+        if ref.kind == "input":   # its storage as make_inputs made it, inside its guards
+            return self.held_guards[ref.index].inner
+        return (loaded.allocs if ref.kind == "alloc" else loaded.state)[ref.index].inner
 
     def _address(self, loaded, inputs, p: planfmt.Pointer) -> int:
         return 0 if p.ref is None else self._buffer(loaded, inputs, p.ref).data_ptr() + p.offset
@@ -477,22 +545,52 @@ def _scratch_from(buffer: torch.Tensor):
         triton.set_allocator(_no_scratch)
 
 
+def _overrun(guarded: list[Guarded], byte: int) -> dict:
+    """{"overrun": one line} when a replay wrote into a guard, else {}."""
+    hit = overruns(guarded, byte)
+    if not hit:
+        return {}
+    more = f" (and {len(hit) - 1} more)" if len(hit) > 1 else ""
+    return {"overrun": f"wrote outside its memory: past an end of {hit[0]}{more}"}
+
+
+def _guarded_inputs(inputs: list) -> tuple[list, list[Guarded | None]]:
+    """The inputs copied into guarded buffers (views of one storage stay views of one buffer), and those buffers."""
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    guard = guard_bytes(len(tensors))
+    by_storage: dict[int, Guarded] = {}
+    out, guards = [], []
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            out.append(x)
+            guards.append(None)
+            continue
+        storage = x.untyped_storage()
+        g = by_storage.get(storage.data_ptr())
+        if g is None:
+            g = by_storage[storage.data_ptr()] = Guarded(storage.nbytes(), guard, f"input {i}")
+            if storage.nbytes():
+                g.inner.copy_(torch.empty(0, dtype=torch.uint8, device=x.device).set_(storage, 0,
+                                                                                      (storage.nbytes(),), (1,)))
+        out.append(torch.empty(0, dtype=x.dtype, device=x.device).set_(
+            g.raw.untyped_storage(), g.guard // x.element_size() + x.storage_offset(), x.shape, x.stride()))
+        guards.append(g)
+    return out, guards
+
+
+def _layout(tensors: list) -> list:
+    return [(t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.untyped_storage().nbytes())
+            if isinstance(t, torch.Tensor) else type(t) for t in tensors]
+
+
 def _bytes(tensors: list) -> int:
     return sum(t.untyped_storage().nbytes() for t in tensors if isinstance(t, torch.Tensor))
 
 
 def _same_layout(old: list, new: list) -> bool:
-    """Whether `new` fits into `old` tensor by tensor (dtype, shape, strides, storage size) and non-tensors agree."""
-    if len(old) != len(new):
-        return False
-    for a, b in zip(old, new):
-        if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
-            return False
-        if isinstance(a, torch.Tensor) and (a.dtype != b.dtype or a.shape != b.shape or a.stride() != b.stride()
-                                            or a.storage_offset() != b.storage_offset()
-                                            or a.untyped_storage().nbytes() != b.untyped_storage().nbytes()):
-            return False
-    return True
+    """Whether `new` has the layout `old` (from _layout) describes: tensor by tensor dtype, shape, strides, storage
+    offset and size, the same places for what is no tensor."""
+    return _layout(new) == old
 
 
 CPU_LIBDEVICE = "_kloop_libdevice"   # the name the rebuilt module gives sandbox.libdevice_cpu

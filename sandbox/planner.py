@@ -21,6 +21,7 @@ import triton  # noqa: F401  (imported while warm, so a candidate's first import
 
 from sandbox import plan as planfmt
 from sandbox import record
+from tools import weights
 from tools.inputs import DEVICE, make_inputs
 from tools.target import module_from_source
 
@@ -56,15 +57,23 @@ class Planner:
         self.candidate = module
         return {"status": "ok"}
 
-    def build(self, shape: int, overrides: dict, seed: int) -> dict:
+    def build(self, shape: int, overrides: dict, seed: int, perturb: int | None = None) -> dict:
         """ModelNew at this shape (seeded like the reference, so parameters match), and one call of forward that
-        compiles (and autotunes): no kernel runs here except those Triton's autotuner times."""
+        compiles (and autotunes): no kernel runs here except those Triton's autotuner times. perturb: a weights
+        trial's seed (tools/weights.py): the candidate's tensors that equal a reference entry are drawn as the
+        referee draws that entry; the reply names the entries matched."""
+        matched = None
         try:
             target = module_from_source(self.target_source, overrides, f"kloop_target_{shape}")
             torch.manual_seed(self.init_seed)
             init_inputs = target.get_init_inputs()
             torch.manual_seed(self.init_seed)
             self.model = self.candidate.ModelNew(*init_inputs).to(DEVICE)
+            if perturb is not None:
+                torch.manual_seed(self.init_seed)
+                reference = target.Model(*init_inputs).to(DEVICE)
+                matched = weights.perturb_candidate(self.model, reference, perturb)
+                del reference
         except BaseException as e:
             return _error("compile_error", e)
         self.inputs = make_inputs(target, seed)
@@ -75,7 +84,7 @@ class Planner:
             return {"status": e.status, "message": str(e)}
         except BaseException as e:
             return _error("runtime_error", e)
-        return {"status": "ok"}
+        return {"status": "ok"} if matched is None else {"status": "ok", "matched": matched}
 
     def record(self, out: str, records: int = 3) -> dict:
         """Record `records` calls of the built model: they must all launch the same plan, which is written."""

@@ -51,7 +51,9 @@ def _resource_rows(value) -> bool:
 # Every field a jailed child (planner; without a GPU, the interpreter executor) may put in a reply besides status and
 # message, with its type: the evaluator reads these, and a process that ran candidate code is hostile.
 JAILED_FIELDS = {"traceback": lambda v: isinstance(v, str), "fatal": lambda v: isinstance(v, bool),
-                 "ms": _seconds, "wall_ms": _seconds,
+                 "ms": _seconds, "wall_ms": _seconds, "overrun": lambda v: isinstance(v, str) and len(v) < 300,
+                 "matched": lambda v: isinstance(v, list) and len(v) <= 4096 and all(
+                     isinstance(n, str) and len(n) <= 500 for n in v),
                  "outputs": _names, "inputs": _names, "resources": _resource_rows}
 
 

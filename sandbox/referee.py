@@ -16,6 +16,7 @@ import contextlib
 import copy
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -26,8 +27,8 @@ import torch
 
 from sandbox.plan import ITEMSIZE, PlanError, read_untrusted
 from sandbox.process import is_cuda_failure
-from tools import verify
-from tools.inputs import DEVICE, make_inputs, spreadable
+from tools import verify, weights
+from tools.inputs import DEVICE, OWN, make_inputs
 from tools.numerics import pin_numeric_flags
 from tools.target import module_from_source, output_list
 
@@ -56,7 +57,11 @@ class Referee:
             self.flush = torch.empty(2 * torch.cuda.get_device_properties(DEVICE).L2_cache_size, dtype=torch.uint8,
                                      device=DEVICE)
 
-    def shape(self, shape: str, target_source: str, overrides: dict, init_seed: int) -> dict:
+    def shape(self, shape: str, target_source: str, overrides: dict, init_seed: int, perturb: int | None = None,
+              matched: list | None = None) -> dict:
+        """The reference model at `shape`. perturb: a weights trial's seed; its constant entries and those the
+        candidate holds as they are (`matched`, the planner's word: a lie only fails the candidate) are drawn at
+        random (tools/weights.py)."""
         if shape in self.models and self.init_seeds[shape] != init_seed:
             # Another evaluation's secret seed: other weights. What was made from the old model goes with it.
             del self.models[shape]
@@ -71,6 +76,8 @@ class Referee:
             torch.manual_seed(init_seed)
             # Left in training mode, as KernelBench runs it: BatchNorm normalizes with the batch's own statistics.
             self.modules[shape], self.models[shape] = module, module.Model(*init_inputs).to(DEVICE)
+            if perturb is not None:
+                weights.perturb_reference(self.models[shape], int(perturb), [str(n) for n in matched or []])
         return {"status": "ok"}
 
     def forget(self) -> dict:
@@ -93,9 +100,9 @@ class Referee:
         return {"status": "ok"}
 
     # -- reference outputs ------------------------------------------------------------------------------------------
-    def _inputs(self, shape: str, seed: int, spread: bool = False) -> list:
+    def _inputs(self, shape: str, seed: int, family: str = OWN) -> list:
         held = self.held.get(shape)
-        if held and held[0] == (seed, spread):
+        if held and held[0] == (seed, family):
             return held[1]
         # Another shape's set goes back to the device when it is freed: a smaller set carved out of its cached blocks
         # leaves them too small for the next full-size one, which then takes new ones. The same shape's next set
@@ -107,12 +114,12 @@ class Referee:
         self.held.clear()
         if give_back:
             torch.cuda.empty_cache()
-        inputs = make_inputs(self.modules[shape], seed, spread=spread)
-        self.held[shape] = ((seed, spread), inputs, [])
+        inputs = make_inputs(self.modules[shape], seed, family)
+        self.held[shape] = ((seed, family), inputs, [])
         return inputs
 
-    def _expected(self, shape: str, seed: int, spread: bool = False) -> list:
-        self._inputs(shape, seed, spread)
+    def _expected(self, shape: str, seed: int, family: str = OWN) -> list:
+        self._inputs(shape, seed, family)
         held = self.held[shape]
         if not held[2]:
             held[2].extend(output_list(self._on_inputs(shape, self.models[shape])))
@@ -133,8 +140,8 @@ class Referee:
         yield inputs
         held = self.held.get(shape)
         if held is not None and held[1] is inputs and _versions(inputs) != before:
-            seed, spread = held[0]
-            self.held[shape] = (held[0], make_inputs(self.modules[shape], seed, spread=spread), held[2])
+            seed, family = held[0]
+            self.held[shape] = (held[0], make_inputs(self.modules[shape], seed, family), held[2])
 
     def expect(self, shape: str, seed: int) -> dict:
         outputs = self._expected(shape, seed)
@@ -142,14 +149,15 @@ class Referee:
                                             for t in outputs]}
 
     def check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None = None,
-              spread: bool = False, probe: bool = True) -> dict:
-        """Compare the candidate's outputs with the reference, and its inputs with ours, bit for bit.
-        The answer also says whether an input's values have one sign (`spreadable`: a spread trial is worth making;
-        probe=False skips that question, as timed calls do); a spread trial whose reference fails or is not all
-        finite is `skipped` (the op's domain excludes negative inputs: log, sqrt, probabilities, a BCE loss), never
-        held against the candidate."""
+              family: str = OWN) -> dict:
+        """Compare the candidate's outputs with the reference on this seed's inputs in `family` (tools/inputs.py),
+        and its inputs with ours, bit for bit. The answer also says whether the reference's outputs vary (`varies`:
+        some output has two distinct finite values; a constant output checks nothing a constant kernel would not
+        pass) and a `fingerprint` of them (do they depend on the inputs at all?). A family other than the target's
+        own whose reference fails or is nowhere finite is `skipped` (it left the op's domain: log, sqrt,
+        probabilities, a BCE loss), never held against the candidate."""
         try:
-            return self._check(shape, seed, outputs, inputs, directory, bool(spread), bool(probe))
+            return self._check(shape, seed, outputs, inputs, directory, family)
         finally:
             if self.cuda:
                 self._release_unopened(outputs, inputs)
@@ -192,29 +200,29 @@ class Referee:
         return mapped[key]
 
     def _check(self, shape: str, seed: int, outputs: list, inputs: list, directory: str | None,
-               spread: bool, probe: bool) -> dict:
+               family: str) -> dict:
+        own = family == OWN
         try:
-            expected = self._expected(shape, seed, spread)
-            if spread and self.cuda:  # a device-side assert on these inputs surfaces here, not in the next command
+            expected = self._expected(shape, seed, family)
+            if not own and self.cuda:  # a device-side assert on these inputs surfaces here, not in the next command
                 torch.cuda.synchronize()
         except torch.OutOfMemoryError:
             raise
         except Exception as e:
-            if not spread:
+            if own:
                 raise
             # binary_cross_entropy refuses predictions outside [0, 1]: on a GPU with a device-side assert, after
             # which this process's CUDA context is gone (fatal: the evaluator starts another referee)
-            return {"status": "ok", "reasons": [], "stats": {}, "skipped": "the reference fails on inputs spread to "
-                    f"[-4, 4]: {type(e).__name__}: {str(e)[:200]}", "fatal": self.cuda and is_cuda_failure(e)}
-        ours = self.held[shape][1]
-        if spread and not all(verify.all_finite(t) for t in expected if t.is_floating_point()):
-            return {"status": "ok", "reasons": [], "stats": {}, "skipped": "the reference is not finite on inputs "
-                    "spread to [-4, 4]"}
-        wider = probe and not spread and any(spreadable(x) for x in ours)
+            return {"status": "ok", "reasons": [], "stats": {}, "skipped": f"the reference fails on {family} "
+                    f"inputs: {type(e).__name__}: {str(e)[:200]}", "fatal": self.cuda and is_cuda_failure(e)}
+        floating = [t for t in expected if t.is_floating_point()]
+        if not own and floating and not any(_any_finite(t) for t in floating):
+            return {"status": "ok", "reasons": [], "stats": {}, "skipped": f"the reference is nowhere finite on "
+                    f"{family} inputs"}
         if len(outputs) != len(expected):
             return {"status": "ok", "reasons": [f"forward returned {len(outputs)} outputs, the reference returns "
                                                 f"{len(expected)}"], "stats": {}}
-        reasons, stats = [], {"max_abs_err": 0.0, "max_rel_err": 0.0}
+        reasons, stats = [], {"max_abs_err": 0.0, "max_rel_err": 0.0, "norm_err": 0.0}
         for i, (desc, ref) in enumerate(zip(outputs, expected)):
             want = (str(ref.dtype).removeprefix("torch."), list(ref.shape))
             if (desc.get("dtype"), list(desc.get("shape") or [])) != want:  # before anything is read or mapped
@@ -225,14 +233,16 @@ class Referee:
                 out = self._open(desc, directory)
             except (PlanError, ValueError, TypeError) as e:
                 return {"status": "ok", "reasons": [f"output {i}: {e}"], "stats": stats}
-            found, s = verify.compare(out, ref, i, to_scale=spread)
-            if s.get("mismatches") and len(found) == 1 and ref.is_floating_point() and ref.dtype != torch.float64:
+            found, s = verify.compare(out, ref, i, to_scale=not own, masked=not own)
+            if found and not s.get("nonfinite_off") and ref.is_floating_point() and ref.dtype != torch.float64:
                 # a near miss, no NaN at stake (integers and bools are exact: there is nothing to judge again)
                 found = self._judge_against_float64(shape, i, out, ref, s, found)
+                if not found and "norm_err" in s.get("float64", {}):   # judged against the truth, not the reference
+                    s["norm_err"] = s["float64"]["norm_err"]
             del out
             reasons += found
-            for key in ("max_abs_err", "max_rel_err"):
-                if s.get(key) is not None:
+            for key in ("max_abs_err", "max_rel_err", "norm_err"):
+                if s.get(key) is not None and math.isfinite(s[key]):
                     stats[key] = max(stats[key], s[key])
             if "worst" in s:
                 stats["worst"] = s["worst"]
@@ -254,27 +264,46 @@ class Referee:
             del seen
         if self.cuda:  # nothing of ours still reads the executor's buffers when it is told to go on
             torch.cuda.synchronize()
-        return {"status": "ok", "reasons": reasons, "stats": stats, "spreadable": wider}
+        return {"status": "ok", "reasons": reasons, "stats": stats, "varies": any(verify.varies(t) for t in expected),
+                "fingerprint": [verify.fingerprint(t) for t in expected]}
 
     def _judge_against_float64(self, shape: str, i: int, out: torch.Tensor, ref: torch.Tensor, stats: dict,
                                reasons: list[str]) -> list[str]:
-        """Output i, outside the tolerance of the reference, judged against the reference computed in float64: no
-        reasons when every element is within its tolerance of that, or no further from it than twice the reference
-        there, or than verify.SENSITIVITY_FACTOR times the float32 reference's move under a rounding step of its
-        inputs (`_moved_output`); else the reasons, with the distances. Where float64 does not fit or does not run,
-        they stand."""
+        """Output i, outside either rule against the reference (tools/verify.py), judged against the reference
+        computed in float64: no reasons when every element is within its tolerance of that, or no further from it
+        than twice the reference there, or than verify.SENSITIVITY_FACTOR times the float32 reference's move under a
+        rounding step of its inputs (`_moved_output`), and the output's relative L2 distance from it is within the
+        dtype's norm floor, verify.NORM_REFERENCE_FACTOR times the reference's own, or SENSITIVITY_FACTOR times the
+        moved reference's (an ill-conditioned op: LayerNorm of values near 1); else the reasons, with the
+        distances. Where float64 does not fit or does not run, they stand."""
         exact = self._float64_output(shape, i, ref)
         if exact is None:
             return reasons
         moved = self._moved_output(shape, i, ref)
-        bad, own, theirs = verify.against_float64(out, ref, exact, stats["atol"], stats["rtol"], moved)
+        found = []
+        if stats.get("mismatches"):
+            bad, own, theirs = verify.against_float64(out, ref, exact, stats["atol"], stats["rtol"], moved)
+            stats["float64"] = {"elements_off": bad, "tolerances_off": own, "reference_tolerances_off": theirs}
+            if bad:
+                found.append(f"{reasons[0]}; against the reference computed in float64, {bad} elements are further "
+                             f"than their tolerance, twice the reference and {verify.SENSITIVITY_FACTOR:g} times its "
+                             f"move under a rounding step of the inputs (up to {own:.3g} tolerances off, the "
+                             f"reference {theirs:.3g})")
+        if stats.get("norm_off"):
+            own, theirs = verify.norm_against_float64(out, ref, exact)
+            # the op's own conditioning: how far rounding the inputs moves the reference, in the same measure
+            sensitivity = verify.norm_against_float64(moved, ref, exact)[0] if moved is not None else 0.0
+            allowed = max(stats["norm_floor"], verify.NORM_REFERENCE_FACTOR * theirs,
+                          verify.SENSITIVITY_FACTOR * sensitivity)
+            stats.setdefault("float64", {}).update(norm_err=own, reference_norm_err=theirs)
+            if own > allowed:
+                found.append(f"output {i}: off the reference computed in float64 by {own:.3g} of its norm (relative "
+                             f"L2 error), where {str(ref.dtype).removeprefix('torch.')} arithmetic allows "
+                             f"{stats['norm_floor']:.3g} and the reference itself is {theirs:.3g} off: coarser "
+                             "arithmetic than the target's (lower-precision operands, an approximate function, a "
+                             "skipped term)")
         del moved
-        stats["float64"] = {"elements_off": bad, "tolerances_off": own, "reference_tolerances_off": theirs}
-        if not bad:
-            return []
-        return [f"{reasons[0]}; against the reference computed in float64, {bad} elements are further than their "
-                f"tolerance, twice the reference and {verify.SENSITIVITY_FACTOR:g} times its move under a rounding "
-                f"step of the inputs (up to {own:.3g} tolerances off, the reference {theirs:.3g})"]
+        return found
 
     def _moved_output(self, shape: str, i: int, ref: torch.Tensor) -> torch.Tensor | None:
         """Output i of the reference (a copy: its buffers stay as they were) on the shape's inputs, each
@@ -347,10 +376,11 @@ class Referee:
         return t.reshape(shape).to(DEVICE)
 
     # -- baselines ------------------------------------------------------------------------------------------------
-    def time(self, name: str, shape: str, seed: int, mode: str = "max-autotune-no-cudagraphs") -> dict:
+    def time(self, name: str, shape: str, seed: int, mode: str = "max-autotune-no-cudagraphs",
+             family: str = OWN) -> dict:
         """One timed call of the reference (eager) or of torch.compile's version of it (in `mode`), on this seed's
-        inputs."""
-        inputs = self._inputs(shape, seed)
+        inputs in `family`."""
+        inputs = self._inputs(shape, seed, family)
         expected = self.held[shape][2]
         if self.cuda and _large(expected):
             # a second full-size output beside it may not fit: eager's output takes its place (below); after a
@@ -423,6 +453,10 @@ def _nbytes(values: list) -> int:
 def _large(values: list) -> bool:
     """More than LARGE_FRACTION of the GPU's memory."""
     return _nbytes(values) > torch.cuda.get_device_properties(DEVICE).total_memory * LARGE_FRACTION
+
+
+def _any_finite(t: torch.Tensor) -> bool:
+    return bool(any(torch.isfinite(part).any() for part in t.reshape(-1).split(verify.CHUNK)))
 
 
 def _whole(x: torch.Tensor) -> bool:

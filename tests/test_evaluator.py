@@ -22,6 +22,7 @@ import pytest
 from sandbox import jail
 from sandbox.evaluate import EvalSettings, Session, evaluate, paired_ratio
 from tools import rules
+from tools.inputs import FAMILIES
 from tools.result import VERDICTS
 from tools.target import TargetError, load_target
 
@@ -346,36 +347,35 @@ class ModelNew(torch.nn.Module):
 
 def test_inputs_drawn_from_0_1_are_also_tried_below_0(session):
     # ReLU on torch.rand inputs is the identity: a copy passes every trial on the target's own inputs, and is
-    # caught only by the extra main-shape trial on inputs spread onto [-4, 4].
+    # caught by the input families that reach below 0 (tools/inputs.py).
     relu = load_target(str(TARGETS / "kb_relu_rand.py"))
     copy = judge_source(relu, UNARY.replace("EXPR", "x"), session)
-    assert copy.verdict == "incorrect", copy.reasons
-    assert "spread onto [-4, 4]" in copy.reasons[0] and copy.correctness.trials == 6
-    hardtanh = load_target(str(TARGETS / "kb_hardtanh_rand.py"))  # the identity on [-1, 1): the spread goes wider
+    assert copy.verdict == "incorrect" and " inputs): " in copy.reasons[0], copy.reasons
+    hardtanh = load_target(str(TARGETS / "kb_hardtanh_rand.py"))  # the identity on [-1, 1): families go wider
     assert judge_source(hardtanh, UNARY.replace("EXPR", "x"), session).verdict == "incorrect"
     honest = judge_source(relu, UNARY.replace("EXPR", "tl.maximum(x, 0.0)"), session)
-    assert honest.verdict == "correct" and honest.correctness.spread_trials == 1, honest.reasons
-    # log's domain excludes negatives: the reference is NaN there, so the spread trial is skipped, not held against it
+    assert honest.verdict == "correct" and sorted(honest.correctness.families) == sorted(FAMILIES), honest.reasons
+    # log's domain excludes negatives: there the reference is NaN, masked; all-negative inputs leave nothing to judge
     log = load_target(str(TARGETS / "kb_log_rand.py"))
     honest_log = judge_source(log, UNARY.replace("EXPR", "tl.log(x + 1e-3) * 0.5"), session)
-    assert honest_log.verdict == "correct" and honest_log.correctness.spread_trials == 0, honest_log.reasons
-    # inputs that already reach below 0 (torch.randn) get no extra trial
+    assert honest_log.verdict == "correct" and "signed" in honest_log.correctness.families, honest_log.reasons
+    assert [s.split(":")[0] for s in honest_log.correctness.skipped] == ["negative"]
     leaky = load_target(str(TARGETS / "kb_leaky_relu.py"))
     r = judge_source(leaky, UNARY.replace("EXPR", "tl.where(x > 0, x, x * 0.01)"), session)
-    assert r.verdict == "correct" and r.correctness.spread_trials == 0, r.reasons
+    assert r.verdict == "correct", r.reasons
 
 
-def test_one_signed_inputs_are_spread_whatever_their_range(session):
+def test_one_signed_inputs_are_tried_on_both_signs_whatever_their_range(session):
     # |randn| is non-negative but reaches past 1: ReLU is still the identity there, and the copy still caught.
     relu = load_target(str(TARGETS / "kb_relu_halfnormal.py"))
     copy = judge_source(relu, UNARY.replace("EXPR", "x"), session)
-    assert copy.verdict == "incorrect" and "spread onto [-4, 4]" in copy.reasons[0], copy.reasons
+    assert copy.verdict == "incorrect" and " inputs): " in copy.reasons[0], copy.reasons
     # on rand() - 1, a non-positive draw, ReLU is 0: a kernel that writes zeros is caught the same way
     zeros = load_target(str(TARGETS / "kb_relu_nonpositive.py"))
     r = judge_source(zeros, UNARY.replace("EXPR", "x * 0.0"), session)
-    assert r.verdict == "incorrect" and "spread onto [-4, 4]" in r.reasons[0], r.reasons
+    assert r.verdict == "incorrect" and " inputs): " in r.reasons[0], r.reasons
     honest = judge_source(relu, UNARY.replace("EXPR", "tl.maximum(x, 0.0)"), session)
-    assert honest.verdict == "correct" and honest.correctness.spread_trials == 1, honest.reasons
+    assert honest.verdict == "correct", honest.reasons
 
 
 BCE = UNARY.replace("def unary(x_ptr, out_ptr", "def unary(x_ptr, t_ptr, out_ptr").replace(
@@ -385,36 +385,38 @@ BCE = UNARY.replace("def unary(x_ptr, out_ptr", "def unary(x_ptr, t_ptr, out_ptr
     "EXPR", "-(t * tl.maximum(tl.log(x), -100.0) + (1.0 - t) * tl.maximum(tl.log(1.0 - x), -100.0))")
 
 
-def test_a_reference_that_refuses_spread_inputs_skips_that_trial(session):
-    # binary_cross_entropy raises on predictions outside [0, 1]: the spread trial has no answer, and an honest kernel
-    # is credited on its other trials (the 0/1 targets, whole numbers, are never spread).
+def test_a_reference_that_refuses_a_family_skips_it(session):
+    # binary_cross_entropy raises on predictions outside [0, 1]: those families have no answer, and an honest kernel
+    # is credited on the others (the 0/1 targets, whole numbers, are never mapped).
     r = judge_source(load_target(str(TARGETS / "kb_bce_rand.py")), BCE, session)
-    assert r.verdict == "correct" and r.correctness.spread_trials == 0 and r.correctness.trials == 9, r.reasons
+    assert r.verdict == "correct" and {"near_one", "small"} <= set(r.correctness.families), r.reasons
+    assert "signed" in [s.split(":")[0] for s in r.correctness.skipped]
 
 
 @pytest.mark.skipif(HAS_GPU, reason="plays the referee in this process; on a GPU it is a process of its own, and "
-                    "the real device-side assert is test_a_reference_that_refuses_spread_inputs_skips_that_trial")
-def test_a_referee_whose_cuda_context_dies_on_the_spread_trial_is_replaced(session, monkeypatch):
+                    "the real device-side assert is test_a_reference_that_refuses_a_family_skips_it")
+def test_a_referee_whose_cuda_context_dies_on_a_family_is_replaced(session, monkeypatch):
     # On a GPU binary_cross_entropy's refusal is a device-side assert: the referee answers fatal and exits. Here the
     # in-process referee plays that answer once; a new referee, told the shapes again, judges the rest.
     from sandbox.referee import Referee
 
     check, fatal = Referee.check, []
 
-    def dies_on_spread(self, *args, spread=False, **kwargs):
-        if spread and len(fatal) < 2:  # the first answers before it exits; the second dies before it can answer
+    def dies_on_signed(self, *args, family="own", **kwargs):
+        if family == "signed" and len(fatal) < 2:  # the first answers before it exits; the second dies first
             fatal.append(True)
             return {"status": "ok", "reasons": [], "stats": {}, "skipped": "device-side assert", "fatal": True} \
                 if len(fatal) == 1 else {"status": "error", "message": "the referee's process ended", "fatal": True}
-        return check(self, *args, spread=spread, **kwargs)
+        return check(self, *args, family=family, **kwargs)
 
-    monkeypatch.setattr(Referee, "check", dies_on_spread)
+    monkeypatch.setattr(Referee, "check", dies_on_signed)
     target, honest = load_target(str(TARGETS / "kb_relu_halfnormal.py")), UNARY.replace("EXPR", "tl.maximum(x, 0.0)")
     session.devices[0].referee()
     starts = session.devices[0].referee_starts
     for n in (1, 2):
         r = judge_source(target, honest, session)
-        assert len(fatal) == n and r.verdict == "correct" and r.correctness.spread_trials == 0, r.reasons
+        assert len(fatal) == n and r.verdict == "correct", r.reasons
+        assert [s.split(":")[0] for s in r.correctness.skipped] == ["signed"]
         assert session.devices[0].referee_starts == starts + n
 
 

@@ -214,7 +214,9 @@ def test_replay_compare_time_tolerance():
     assert compare(old, {"verdict": "correct", "time_us": timing(14.0)}) == ["time 10 us -> 14 us (+40%)"]
     noisy = {"verdict": "correct", "time_us": {**timing(10.0), "iqr": 1.0}}
     assert compare(noisy, {"verdict": "correct", "time_us": {**timing(15.0), "iqr": 1.0}}) == []  # 3 x 2 us spread
-    assert compare(old, {"verdict": "incorrect", "time_us": None}) == ["verdict correct -> incorrect"]
+    flip = compare(old, {"verdict": "incorrect", "time_us": None, "result": {"checks": 2},
+                         "reasons": ["main shape, trial 3 (signed inputs): ..."]})
+    assert flip == ["verdict correct -> incorrect (checks v0 -> v2: main shape, trial 3 (signed inputs): ...)"]
     # another GPU model (an H200's log re-verified on an H100): the verdict is compared, the time is not
     assert compare(old, {"verdict": "correct", "time_us": timing(14.0)}, same_gpu=False) == []
 

@@ -233,6 +233,7 @@ def _provenance(db_path: Path, run: dict, attempt: dict, license: str | None) ->
         "target_name": run.get("target_name"),
         "target_sha256": run.get("target_sha256") or hashlib.sha256((run.get("target_source") or "").encode()).hexdigest(),
         "executed_on": executed_on,
+        "checks": int(result.get("checks") or 0),   # tools.result.CHECKS_VERSION of the verdict (0: before versions)
         "gpu": ((gpu or {}).get("name") or (run_gpu or {}).get("name") or run.get("gpu_name")) if on_gpu else None,
         "driver": ((gpu or {}).get("driver") or run.get("driver")) if on_gpu else None,
         "cuda": ((gpu or {}).get("cuda") or versions.get("cuda") or run.get("cuda")) if on_gpu else None,

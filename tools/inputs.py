@@ -1,8 +1,31 @@
 """How a target's inputs are made from a seed: one definition, used by the trusted evaluator and the worker alike,
-so both sides create bit-identical inputs without either sending them to the other."""
+so both sides create bit-identical inputs without either sending them to the other.
+
+Input families. A kernel must be right on any input a user could pass, not only on the target's own distribution:
+`torch.rand` makes ReLU a copy and `relu(log(x))` zero, wide `randn` rows already have mean 0 and variance 1, random
+rows never stress a top-k's capacity or a scan's long memory. So each check draws its inputs from a *family*: the
+target's own draw (`own`), then mapped, per floating input whose values are a draw (`drawable`: not whole numbers, a
+mask, counts or indices), by a transform whose constants come from the seed (so no family is one recognisable
+"check" distribution, and both sides make the same bits):
+
+| family | each drawable input becomes |
+|---|---|
+| own | the target's draw, unchanged |
+| signed | its range mapped onto [-a, b], a and b in [0.5, 4] (both signs: ReLU-like ops on `rand` inputs) |
+| positive | its range mapped onto [a, b], 0 < a < 0.5 < b (the positive domain of log, sqrt, pow) |
+| negative | its range mapped onto [-b, -a] (all-negative rows) |
+| large | scaled by 2^k, k in [4, 10] (less where the dtype would overflow) |
+| small | scaled by 2^-k, k in [8, 20] |
+| sorted / reversed | `signed`, then each row (last dimension) sorted ascending / descending |
+| tied | `signed`, then rounded to 8 levels: many equal values per row (ties in top-k, argmax, sort) |
+| near_one | its range mapped onto [1 - 2^-k, 1], k in [3, 10] (gates near one: a scan's long memory) |
+
+The maps keep the order of the values (sorted boundaries stay sorted) and are the same arithmetic on both sides.
+"""
 from __future__ import annotations
 
 import math
+import random
 import threading
 
 import torch
@@ -12,42 +35,66 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # are threads of one process, and another lane's draws (its reference's dropout, say) landing between our seed and
 # our draws would give us other inputs or weights than the executor made from the same seed.
 RANDOM_STATE = threading.RLock()
-SPREAD = (-4.0, 4.0)  # where make_inputs(spread=True) maps inputs whose values all have one sign
+OWN = "own"
+FAMILIES = ("signed", "positive", "negative", "large", "small", "sorted", "reversed", "tied", "near_one")
 SAMPLE = 1 << 16      # elements looked at to tell a continuous input from whole numbers (a mask, counts, indices)
+SORT_LIMIT = 1 << 27  # elements of an input sorted per row at most (a sort's temporaries are 3x its size)
+TIE_LEVELS = 8
 
 
-def make_inputs(module, seed: int, spread: bool = False) -> list:
-    """Inputs for one call of a target module's Model: seeded, created on the device.
-
-    spread: every floating-point input drawn from a one-signed distribution (`torch.rand`, as many KernelBench
-    problems draw theirs, `rand * c`, `randn().abs()`, `rand() - 1`: see `spreadable`) is mapped onto [-4, 4] by
-    x -> (x - min) * 2^k - 4, the power of two 2^k at most 8 / (max - min). On non-negative inputs ReLU, ELU,
-    LeakyReLU, abs and their kind are the identity (on non-positive ones ReLU is 0), and HardTanh is on [-1, 1)
-    (HardSigmoid is linear on [-3, 3)), so a copy, a constant or a linear map would pass every trial; a kernel must
-    compute the op on any valid input. The map keeps the order of
-    the values (sorted boundaries stay sorted) and is the same arithmetic on both sides, so both get the same bits."""
+def make_inputs(module, seed: int, family: str = OWN) -> list:
+    """Inputs for one call of a target module's Model: seeded, created on the device, in `family` (see above)."""
+    if family != OWN and family not in FAMILIES:
+        raise ValueError(f"unknown input family {family!r}")
     with RANDOM_STATE, torch.device(DEVICE):
         torch.manual_seed(seed)
         inputs = module.get_inputs()
     inputs = [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
-    if spread:
+    if family != OWN:
+        draw = random.Random(f"{seed}:{family}")   # the transforms' constants: from the seed, never torch's state
         for x in inputs:
-            if spreadable(x):
-                lo, hi = x.min(), x.max()
-                scale = 2.0 ** math.floor(math.log2((SPREAD[1] - SPREAD[0]) / (hi - lo).item()))
-                x.sub_(lo).mul_(scale).add_(SPREAD[0])
+            if drawable(x):
+                _transform(x, family, draw)
     return inputs
 
 
-def spreadable(x) -> bool:
-    """A floating-point tensor of more than one element, finite, whose values all have one sign (none below 0, or
-    none above) and are not all equal, nor all whole numbers (masks, counts or indices, not a draw)."""
+def _transform(x: torch.Tensor, family: str, draw: random.Random) -> None:
+    """x mapped in place into `family`."""
+    lo, hi = float(x.min()), float(x.max())
+    if family in ("large", "small"):
+        k = draw.uniform(4, 10) if family == "large" else -draw.uniform(8, 20)
+        if family == "large":   # keep clear of the dtype's largest value (float16: 65504)
+            room = math.log2(torch.finfo(x.dtype).max) - 4 - math.log2(max(abs(lo), abs(hi), 1e-30))
+            k = max(0.0, min(k, room))
+        x.mul_(2.0 ** k)
+        return
+    if family == "positive":
+        a = 2.0 ** draw.uniform(-10, -1)
+        a, b = a, a + 2.0 ** draw.uniform(-0.5, 3)
+    elif family == "negative":
+        a = 2.0 ** draw.uniform(-10, -1)
+        a, b = -(a + 2.0 ** draw.uniform(-0.5, 3)), -a
+    elif family == "near_one":
+        a, b = 1.0 - 2.0 ** -draw.uniform(3, 10), 1.0
+    else:   # signed, and the row orders built on it
+        a, b = -(2.0 ** draw.uniform(-1, 2)), 2.0 ** draw.uniform(-1, 2)
+    x.sub_(lo).mul_((b - a) / (hi - lo)).add_(a)
+    if family == "tied":
+        x.sub_(a).mul_((TIE_LEVELS - 1) / (b - a)).round_().mul_((b - a) / (TIE_LEVELS - 1)).add_(a)
+    elif family in ("sorted", "reversed") and x.dim() and x.numel() <= SORT_LIMIT:
+        x.copy_(x.sort(dim=-1, descending=family == "reversed", stable=True).values)
+
+
+def drawable(x) -> bool:
+    """A floating-point tensor of more than one element (none standing for several), finite, not all equal, nor all
+    whole numbers (masks, counts or indices, not a draw)."""
     if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1):
         return False
+    if any(stride == 0 and size > 1 for size, stride in zip(x.shape, x.stride())):
+        return False   # an expanded view: one element stands for many, and in-place maps cannot write it
     lo, hi = x.min(), x.max()
-    if not ((bool(lo >= 0) or bool(hi <= 0)) and bool(hi > lo) and bool(torch.isfinite(lo) & torch.isfinite(hi))):
+    if not (bool(hi > lo) and bool(torch.isfinite(lo) & torch.isfinite(hi))):
         return False
     # a view, never a copy of a full-size input: its first SAMPLE elements, or (strided) its first row
     sample = x.reshape(-1)[:SAMPLE] if x.is_contiguous() else x[(0,) * (x.dim() - 1)][:SAMPLE]
     return bool((sample != sample.trunc()).any())
-

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VERDICTS = ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected")
+# The version of the evaluator's checks (what `correct` means). A verdict records the version that gave it; `kloop
+# replay` re-judges logged kernels under today's and reports every flip. 2: input families, the norm rule, scale-aware
+# atol, guard regions, state restored before every call (2026-11-27); 1: before (not recorded, read as 0).
+CHECKS_VERSION = 2
 FAILED = frozenset(VERDICTS) - {"correct"}
 
 
@@ -82,11 +86,14 @@ class Counters:
 
 @dataclass
 class Correctness:
-    trials: int = 0
+    """The main shape's checks (a hidden variant's numbers are withheld: a policy must not learn its shape)."""
+    trials: int = 0                        # judged trials over all shapes (skipped ones not counted)
     shapes: int = 0
-    spread_trials: int = 0                 # of the trials, those on one-signed inputs spread onto [-4, 4]
+    families: list[str] = field(default_factory=list)   # input families judged at the main shape (tools/inputs.py)
+    skipped: list[str] = field(default_factory=list)    # "family: why" where the reference had no answer
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
+    norm_err: float = 0.0                  # the largest relative L2 error of an output (tools/verify.py)
     worst: dict | None = None
 
 
@@ -132,6 +139,10 @@ class EvalResult:
     # `kloop eval`), never for a policy, an export or the service. `reasons` says only "hidden variant k: <verdict>",
     # so that no policy learns the hidden shapes. Not in to_dict() unless asked.
     withheld: list[str] = field(default_factory=list)
+    # Why the target cannot tell a kernel from a constant (its reference's output is constant, or does not depend on
+    # its inputs): such a result is still judged, but reports no speedup.
+    degenerate: str | None = None
+    checks: int = 0                        # CHECKS_VERSION of the checks that gave the verdict (0: before versions)
 
     @property
     def correct(self) -> bool:

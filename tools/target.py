@@ -61,6 +61,9 @@ class Target:
     builtin: bool
     _modules: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # Why no kernel can be told from a constant on this target (check_reference): its reference's output is
+    # constant, or does not depend on its inputs. None when it does, or before check_reference ran.
+    degenerate: str | None = field(default=None, init=False, compare=False)
 
     @property
     def sha256(self) -> str:
@@ -232,6 +235,38 @@ def check_reference(target: Target) -> None:
             torch.cuda.empty_cache()
         if failure:
             raise TargetError(f"target {target.name}: the reference fails at {shape or 'its main shape'}: {failure}")
+    target.degenerate = _degenerate(target, target.shapes(small=DEVICE.type != "cuda")[0])
+
+
+DEGENERACY_FAMILIES = ("own", "signed", "positive", "large")   # enough to make an op that reads its inputs vary
+
+
+def _degenerate(target: Target, shape: dict) -> str | None:
+    """Whether the reference's outputs, on inputs of a few families (tools/inputs.py) at `shape`, are constant, or
+    the same whatever the inputs: then a kernel that writes them without reading its inputs passes every check."""
+    from tools.inputs import DEVICE, RANDOM_STATE, make_inputs
+    from tools.verify import fingerprint, varies
+
+    module = target.module_for(shape)
+    seen, varied = [], False
+    for seed, family in enumerate(DEGENERACY_FAMILIES):
+        try:
+            with RANDOM_STATE, torch.no_grad():
+                model = module.Model(*module.get_init_inputs()).to(DEVICE)
+                outputs = [t for t in output_list(model(*make_inputs(module, seed, family)))
+                           if isinstance(t, torch.Tensor)]
+        except Exception:  # noqa: BLE001  a family outside the op's domain says nothing here
+            continue
+        varied = varied or any(varies(t) for t in outputs)
+        seen.append([fingerprint(t) for t in outputs])
+        del model, outputs
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
+    if seen and not varied:
+        return "its reference's output is constant on every input tried: a kernel writing that constant passes"
+    if len(seen) > 1 and all(f == seen[0] for f in seen):
+        return "its reference's output does not depend on its inputs: a kernel writing it passes"
+    return None
 
 
 def _reference_failure(target: Target, shape: dict, twice: bool = False) -> str | None:

@@ -1,25 +1,37 @@
 """Comparing a candidate's outputs with the reference's, in a trusted process, a chunk at a time.
 
-Tolerances per dtype (an element passes when |out - ref| <= atol + rtol * |ref|):
+Two rules, both must hold for every output.
 
-| dtype | atol | rtol |
-|---|---|---|
-| float64 | 1e-7 | 1e-7 |
-| float32 | 1e-4 | 1e-4 |
-| float16 | 1e-2 | 1e-2 |
-| bfloat16 | 2e-2 | 2e-2 |
-| integers, bool | exact | exact |
+**Each element** passes when |out - ref| <= atol + rtol * |ref|, where atol is the dtype's (table) but never more than
+SCALE_ATOL x the output's RMS (an output whose every element lies below the dtype's atol, like a softmax over 2^17
+columns, is still judged element by element), nor less than ATOL_FLOOR (rounding of subnormals):
 
-The spread trial (one-signed inputs mapped onto [-4, 4], sandbox/referee.py) is judged against the output's
-scale: atol grows by rtol * max|ref|, since sums of terms of both signs cancel (a cumsum's or a sum's rounding error
-follows the terms' magnitude, not the result's); a kernel that skips the op on negative inputs is off by O(1) there.
+| dtype | atol | rtol | SCALE_ATOL (x RMS) | NORM_FLOOR |
+|---|---|---|---|---|
+| float64 | 1e-7 | 1e-7 | 1e-6 | 2^-40 |
+| float32 | 1e-4 | 1e-4 | 1e-3 | 2^-16 (1.5e-5) |
+| float16 | 1e-2 | 1e-2 | 1e-2 | 2^-9 (2.0e-3) |
+| bfloat16 | 2e-2 | 2e-2 | 2e-2 | 2^-7 (7.8e-3) |
+| integers, bool | exact | exact | | |
 
-A float32 reference is itself rounded: over a long sum its error alone can exceed the tolerance, so an output
-outside it is judged once more against the reference computed in float64 (sandbox/referee.py, memory permitting):
-each element must be within its tolerance of that, or no further from it than twice the reference is there, or
-than SENSITIVITY_FACTOR times the distance the float32 reference moves when its inputs move by one rounding step
-(where a sum's terms cancel, any other summation order is that far off, and the reference is only luckily near).
-Lower precision stays out: TF32 rounds 2^13 times coarser than float32, bfloat16 2^16 times.
+**The output as a whole** passes when its relative L2 error ||out - ref|| / ||ref|| is at most NORM_FLOOR: what
+arithmetic in the target's dtype allows (float32 rounding, honest reorderings, Welford, online softmax, 3xTF32 or
+bf16x3 land near 1e-6), and well below what coarser arithmetic makes (fp16 or TF32 operands for a float32 target:
+~3e-4; bf16: ~3e-3). An output within every element's tolerance can fail here: a GEMM that reads float32 operands as
+float16 stays under atol where the outputs are small, but not under the norm.
+
+Input families other than the target's own (tools/inputs.py) are judged against the output's scale: atol grows by
+rtol * max|ref|, since sums of terms of both signs cancel (a cumsum's or a sum's rounding error follows the terms'
+magnitude, not the result's); a kernel that skips the op on negative inputs is off by O(1) there. Where such a family
+leaves the reference non-finite (log of negative inputs), those elements are masked, not compared.
+
+A float32 reference is itself rounded: over a long sum its error alone can exceed either rule, so an output outside
+them is judged once more against the reference computed in float64 (sandbox/referee.py, memory permitting): each
+element must be within its tolerance of that, or no further from it than twice the reference is there, or than
+SENSITIVITY_FACTOR times the distance the float32 reference moves when its inputs move by one rounding step (where a
+sum's terms cancel, any other summation order is that far off, and the reference is only luckily near); and the
+output's relative L2 distance from the float64 truth must be within NORM_FLOOR, or NORM_REFERENCE_FACTOR times the
+reference's own. Lower precision stays out: TF32 rounds 2^13 times coarser than float32, bfloat16 2^16 times.
 
 NaN and infinity must sit at the same positions (infinities with the same sign); they are left out of the numeric
 comparison. TF32 is off for reference and candidate alike (tools/numerics.py), so float32 means float32.
@@ -27,12 +39,13 @@ Work is done in slices of about CHUNK elements along the first dimension, so com
 hundred MB of temporaries, never a float64 copy of the whole thing.
 
 Speed (every timed call is checked, so this runs dozens of times per candidate): a first pass works in the
-output's own precision (float32 for half types), on device, with one host read at the end, and accepts an output
-only when every element is finite and within 0.999 of its tolerance, where float32 rounding cannot change the
-answer. On a GPU, for contiguous tensors, that pass is one Triton kernel reading each tensor once: 0.31 ms for a
-float32 output of 2^26 elements on an H100, where torch's dozen elementwise passes took 2.96 ms (bench/check_cost.py),
-and a candidate's outputs are checked about 50 times. Anything else (a NaN or infinity anywhere, an element near or over its bound) is judged by the exact
-float64 pass, which finds the positions and the worst element for the reasons.
+output's own precision (float32 for half types; its sums of squares in float64), on device, with one host read at
+the end, and accepts an output only when every element is finite and within 0.999 of its tolerance, where float32
+rounding cannot change the answer, and its norm is within the floor. On a GPU, for contiguous tensors, that pass is
+one Triton kernel reading each tensor once: 0.31 ms for a float32 output of 2^26 elements on an H100, where torch's
+dozen elementwise passes took 2.96 ms (bench/check_cost.py), and a candidate's outputs are checked about 50 times.
+Anything else (a NaN or infinity anywhere, an element near or over its bound, the norm over its floor) is judged by
+the exact float64 pass, which finds the positions and the worst element for the reasons.
 """
 from __future__ import annotations
 
@@ -49,6 +62,13 @@ TOLERANCES = {
     torch.float16: (1e-2, 1e-2),
     torch.bfloat16: (2e-2, 2e-2),
 }
+SCALE_ATOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+# The smallest atol: rounding near 0 (float16's subnormal spacing is 2^-24; Triton flushes float32 subnormals).
+ATOL_FLOOR = {torch.float64: 2.0 ** -1022, torch.float32: 2.0 ** -126, torch.float16: 2.0 ** -23,
+              torch.bfloat16: 2.0 ** -126}
+NORM_FLOOR = {torch.float64: 2.0 ** -40, torch.float32: 2.0 ** -16, torch.float16: 2.0 ** -9,
+              torch.bfloat16: 2.0 ** -7}
+NORM_REFERENCE_FACTOR = 8.0  # against float64: an output may be this many times further off than the reference is
 CHUNK = 1 << 24  # elements per slice: 128 MiB as float64
 SENSITIVITY_FACTOR = 8.0  # against_float64: allowed distance, in units of the reference's own rounding sensitivity
 FAST_MARGIN = 1 - 1e-3  # the first pass accepts |out - ref| <= 0.999 * (atol + rtol |ref|): float32 error is ~1e-7
@@ -68,9 +88,12 @@ def _rows(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return t.reshape(1) if t.dim() == 0 else t[start:stop].reshape(-1)
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0, to_scale: bool = False) -> tuple[list[str], dict]:
+def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0, to_scale: bool = False,
+            masked: bool = False) -> tuple[list[str], dict]:
     """Reasons the output is wrong (empty if right) and the error statistics. to_scale: atol grows by
-    rtol * max|ref| (the spread trial)."""
+    rtol * max|ref| (input families other than the target's own); masked: elements where the reference is not
+    finite are not compared (such a family left the op's domain there). stats["norm_off"] says the output failed
+    the norm rule (and how far), "mismatches" counts the elements that failed theirs."""
     if out.dtype != ref.dtype:
         return [f"output {index} has dtype {out.dtype}, expected {ref.dtype}"], {}
     if tuple(out.shape) != tuple(ref.shape):
@@ -83,13 +106,31 @@ def compare(out: torch.Tensor, ref: torch.Tensor, index: int = 0, to_scale: bool
         stats = {"mismatches": wrong, "max_abs_err": 0.0 if wrong == 0 else None}
         return ([f"output {index}: {wrong} of {ref.numel()} elements differ (exact match required)"] if wrong
                 else []), stats
-    atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
-    if to_scale:
-        atol = float(f"{atol + rtol * finite_abs_max(ref):.3g}")
-    fast = _fast_pass(out, ref, atol, rtol)
-    if fast is not None:
-        return [], {"max_abs_err": fast[0], "max_rel_err": fast[1], "mismatches": 0, "atol": atol, "rtol": rtol}
-    return _exact(out, ref, index, atol, rtol)
+    base_atol, rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))
+    fast = _fast_pass(out, ref, masked)
+    atol = effective_atol(ref.dtype, fast.rms, fast.ref_max if to_scale else 0.0)
+    floor = NORM_FLOOR.get(ref.dtype, 2.0 ** -14)
+    stats = {"atol": atol, "rtol": rtol, "norm_err": fast.norm_err, "norm_floor": floor, "rms": fast.rms,
+             "compared": fast.count}
+    if fast.finite and fast.excess <= FAST_MARGIN * atol and fast.norm_err <= floor * FAST_MARGIN:
+        return [], {**stats, "max_abs_err": fast.max_abs, "max_rel_err": fast.max_rel, "mismatches": 0}
+    reasons, exact_stats = _exact(out, ref, index, atol, rtol, masked)
+    stats.update(exact_stats)
+    norm_reason = [] if fast.norm_err <= floor else [
+        f"output {index}: off by {fast.norm_err:.3g} of its norm (relative L2 error), over the {floor:.3g} that "
+        f"{str(ref.dtype).removeprefix('torch.')} arithmetic allows (coarser arithmetic: lower-precision operands, "
+        "an approximate function, a skipped term)"]
+    if norm_reason:
+        stats["norm_off"] = fast.norm_err
+    return reasons + norm_reason, stats
+
+
+def effective_atol(dtype: torch.dtype, rms: float, ref_max: float = 0.0) -> float:
+    """The dtype's atol, at most SCALE_ATOL x the output's RMS and at least ATOL_FLOOR; plus rtol x ref_max (the
+    output's scale, for input families other than the target's own). Three significant digits (it is printed)."""
+    atol, rtol = TOLERANCES.get(dtype, (1e-4, 1e-4))
+    atol = max(min(atol, SCALE_ATOL.get(dtype, 1e-3) * rms), ATOL_FLOOR.get(dtype, 2.0 ** -126))
+    return float(f"{atol + rtol * ref_max:.3g}")
 
 
 def finite_abs_max(t: torch.Tensor) -> float:
@@ -110,75 +151,125 @@ def all_finite(t: torch.Tensor) -> bool:
     return not bool(bad)
 
 
-def _fast_pass(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
-    """(max abs error, max rel error) when every element is finite and clearly within tolerance, else None.
-    Never writes into `out` or `ref` (the executor's memory and the reference)."""
+class FastPass:
+    """What the first pass found over the compared elements: whether every one is finite (out and ref), the largest
+    |out - ref| - FAST_MARGIN x rtol |ref| (`excess`: an element is clearly inside atol when this is below
+    FAST_MARGIN x atol), the largest absolute and relative errors, the reference's RMS and largest |element|, and the
+    relative L2 error ||out - ref|| / ||ref||."""
+
+    def __init__(self, finite: bool, excess: float, max_abs: float, max_rel: float, ref_sq: float, diff_sq: float,
+                 ref_max: float, count: float, dtype: torch.dtype) -> None:
+        self.finite, self.excess, self.max_abs, self.max_rel = finite, excess, max_abs, max_rel
+        self.ref_max, self.count = ref_max, int(count)
+        self.rms = math.sqrt(ref_sq / count) if count and math.isfinite(ref_sq) else 0.0
+        # An all-zero reference: any error beyond rounding near 0 is all of its norm.
+        slack = math.sqrt(count) * ATOL_FLOOR.get(dtype, 2.0 ** -126)
+        self.norm_err = math.sqrt(diff_sq) / math.sqrt(ref_sq) if ref_sq > 0 else \
+            (0.0 if math.sqrt(diff_sq) <= slack else math.inf)
+        if not (math.isfinite(ref_sq) and math.isfinite(diff_sq)):
+            self.finite = False
+
+
+def _fast_pass(out: torch.Tensor, ref: torch.Tensor, masked: bool) -> FastPass:
+    """The first pass's statistics. Never writes into `out` or `ref` (the executor's memory and the reference)."""
+    rtol = TOLERANCES.get(ref.dtype, (1e-4, 1e-4))[1]
     if ref.is_cuda and out.is_cuda and out.is_contiguous() and ref.is_contiguous() and ref.numel():
-        return _fast_pass_fused(out, ref, atol, rtol)
-    return _fast_pass_torch(out, ref, atol, rtol)
+        return _fast_pass_fused(out, ref, rtol, masked)
+    return _fast_pass_torch(out, ref, rtol, masked)
 
 
 FUSED_BLOCK = 4096
+FUSED_STATS = 8   # bad, excess, max abs, max rel, sum ref^2, sum diff^2, max |ref|, count
 
 
 @triton.jit
-def _within_kernel(out_ptr, ref_ptr, partial_ptr, n, programs, atol, rtol, margin, WIDE: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """Per program: [outside (0 or 1), max |out - ref|, max relative error, max allowed] over its BLOCK elements,
-    in _fast_pass_torch's arithmetic (NaN is outside; an infinite reference makes `allowed` infinite)."""
+def _within_kernel(out_ptr, ref_ptr, partial_ptr, n, programs, rtol_margin, tiny, WIDE: tl.constexpr,
+                   MASKED: tl.constexpr, BLOCK: tl.constexpr):
+    """Per program, over its BLOCK elements, FUSED_STATS values in _fast_pass_torch's arithmetic (sums in float64):
+    whether any compared element is not finite, the largest excess over the relative tolerance, the largest
+    absolute and relative errors, the sums of squares of ref and of out - ref, the largest |ref|, the elements
+    compared. MASKED: elements whose reference is not finite are not compared."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     work = tl.float64 if WIDE else tl.float32
     o = tl.load(out_ptr + offsets, mask=mask, other=0).to(work)
     r = tl.load(ref_ptr + offsets, mask=mask, other=0).to(work)
+    r_finite = tl.abs(r) < float("inf")
+    o_finite = tl.abs(o) < float("inf")
+    if MASKED:
+        mask = mask & r_finite
+    bad = mask & ~(r_finite & o_finite)
+    keep = mask & r_finite & o_finite
+    o = tl.where(keep, o, 0)
+    r = tl.where(keep, r, 0)
     diff = tl.abs(o - r)
     scale = tl.abs(r)
-    allowed = scale * rtol + atol
-    outside = mask & ~(diff <= allowed * margin)
-    rel = diff / tl.maximum(scale, atol)
-    tl.store(partial_ptr + pid, tl.max(outside.to(work), axis=0))
-    tl.store(partial_ptr + programs + pid, tl.max(tl.where(mask, diff, 0), axis=0))
-    tl.store(partial_ptr + 2 * programs + pid, tl.max(tl.where(mask, rel, 0), axis=0))
-    tl.store(partial_ptr + 3 * programs + pid, tl.max(tl.where(mask, allowed, 0), axis=0))
+    excess = diff - scale * rtol_margin
+    rel = diff / tl.maximum(scale, tiny)
+    d64 = diff.to(tl.float64)
+    r64 = r.to(tl.float64)
+    tl.store(partial_ptr + pid, tl.max(bad.to(work), axis=0))
+    tl.store(partial_ptr + programs + pid, tl.max(tl.where(keep, excess, -float("inf")), axis=0))
+    tl.store(partial_ptr + 2 * programs + pid, tl.max(diff, axis=0))
+    tl.store(partial_ptr + 3 * programs + pid, tl.max(rel, axis=0))
+    tl.store(partial_ptr + 4 * programs + pid, tl.sum(r64 * r64, axis=0))
+    tl.store(partial_ptr + 5 * programs + pid, tl.sum(d64 * d64, axis=0))
+    tl.store(partial_ptr + 6 * programs + pid, tl.max(scale, axis=0))
+    tl.store(partial_ptr + 7 * programs + pid, tl.sum(keep.to(tl.float64), axis=0))
 
 
-def _fast_pass_fused(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
+def _fast_pass_fused(out: torch.Tensor, ref: torch.Tensor, rtol: float, masked: bool = False) -> FastPass:
     """_fast_pass_torch's answer from one kernel over contiguous tensors: each is read once."""
-    wide = ref.dtype == torch.float64
     n = ref.numel()
     programs = triton.cdiv(n, FUSED_BLOCK)
-    partial = torch.empty((4, programs), dtype=torch.float64 if wide else torch.float32, device=ref.device)
-    _within_kernel[(programs,)](out.reshape(-1), ref.reshape(-1), partial, n, programs, atol, rtol, FAST_MARGIN,
-                                WIDE=wide, BLOCK=FUSED_BLOCK)
-    outside, max_abs, max_rel, max_allowed = partial.amax(dim=1).tolist()   # the one host read
-    return (max_abs, max_rel) if outside == 0 and math.isfinite(max_allowed) else None
+    partial = torch.empty((FUSED_STATS, programs), dtype=torch.float64, device=ref.device)
+    _within_kernel[(programs,)](out.reshape(-1), ref.reshape(-1), partial, n, programs, rtol * FAST_MARGIN,
+                                ATOL_FLOOR.get(ref.dtype, 2.0 ** -126), WIDE=ref.dtype == torch.float64,
+                                MASKED=masked, BLOCK=FUSED_BLOCK)
+    maxima = partial.amax(dim=1)
+    sums = partial.sum(dim=1)
+    bad, excess, max_abs, max_rel, _, _, ref_max, _ = maxima.tolist()   # one host read each
+    _, _, _, _, ref_sq, diff_sq, _, count = sums.tolist()
+    return FastPass(bad == 0, excess, max_abs, max_rel, ref_sq, diff_sq, ref_max, count, ref.dtype)
 
 
-def _fast_pass_torch(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> tuple[float, float] | None:
+def _fast_pass_torch(out: torch.Tensor, ref: torch.Tensor, rtol: float, masked: bool = False) -> FastPass:
     """The first pass with torch's elementwise ops, a slice at a time (the CPU, and strided tensors)."""
     work = torch.float64 if ref.dtype == torch.float64 else torch.float32
+    tiny = ATOL_FLOOR.get(ref.dtype, 2.0 ** -126)
     totals = []
     for start, stop in _slices(tuple(ref.shape)):
-        o_rows, r_rows = _rows(out, start, stop), _rows(ref, start, stop)
-        o, r = o_rows.to(work), r_rows.to(work)
-        diff = (o - r).abs_()                             # NaN where either is NaN, inf where either is infinite
-        scale = r.abs() if r is r_rows else r.abs_()      # in place only on a converted copy
-        allowed = scale.mul(rtol).add_(atol)
-        outside = (~(diff <= allowed * FAST_MARGIN)).sum().to(work)
-        if diff.numel():
-            rel = diff / scale.clamp_min_(atol)
-            totals.append(torch.stack([outside, diff.max(), rel.max(), allowed.max()]))
-        del o, r, diff, scale, allowed
+        o, r = _rows(out, start, stop).to(work), _rows(ref, start, stop).to(work)
+        if not r.numel():
+            continue
+        r_finite, o_finite = torch.isfinite(r), torch.isfinite(o)
+        compared = r_finite if masked else torch.ones_like(r_finite)
+        bad = (compared & ~(r_finite & o_finite)).any()
+        keep = compared & r_finite & o_finite
+        o = torch.where(keep, o, torch.zeros((), dtype=work, device=o.device))
+        r = torch.where(keep, r, torch.zeros((), dtype=work, device=r.device))
+        diff = (o - r).abs_()
+        scale = r.abs()
+        excess = torch.where(keep, diff - scale * (rtol * FAST_MARGIN),
+                             torch.full((), -math.inf, dtype=work, device=r.device))
+        rel = diff / scale.clamp_min(tiny)
+        d64, r64 = diff.double(), r.double()
+        totals.append(torch.stack([bad.double(), excess.max().double(), diff.max().double(), rel.max().double(),
+                                   (r64 * r64).sum(), (d64 * d64).sum(), scale.max().double(),
+                                   keep.sum().double()]))
+        del o, r, diff, scale, excess, rel, d64, r64, keep, compared
     if not totals:
-        return 0.0, 0.0
-    outside, max_abs, max_rel, max_allowed = torch.stack(totals).amax(dim=0).tolist()  # the one host read
-    # An infinite reference makes its bound infinite too: only the exact pass judges infinities.
-    return (max_abs, max_rel) if outside == 0 and math.isfinite(max_allowed) else None
+        return FastPass(True, -math.inf, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ref.dtype)
+    stacked = torch.stack(totals)
+    maxima, sums = stacked.amax(dim=0).tolist(), stacked.sum(dim=0).tolist()   # the one host read
+    return FastPass(maxima[0] == 0, maxima[1], maxima[2], maxima[3], sums[4], sums[5], maxima[6], sums[7], ref.dtype)
 
 
-def _exact(out: torch.Tensor, ref: torch.Tensor, index: int, atol: float, rtol: float) -> tuple[list[str], dict]:
-    """The float64 comparison, with NaN/infinity positions and the worst element for the reasons."""
+def _exact(out: torch.Tensor, ref: torch.Tensor, index: int, atol: float, rtol: float,
+           masked: bool = False) -> tuple[list[str], dict]:
+    """The float64 comparison, with NaN/infinity positions and the worst element for the reasons. masked: elements
+    whose reference is not finite are not compared."""
     per_row = int(np.prod(ref.shape[1:])) if ref.dim() > 1 else 1
     nan_at = inf_at = None
     mismatches, max_abs, max_rel = 0, 0.0, 0.0
@@ -187,10 +278,11 @@ def _exact(out: torch.Tensor, ref: torch.Tensor, index: int, atol: float, rtol: 
         o, r = _rows(out, start, stop).double(), _rows(ref, start, stop).double()
         base = start * per_row
         nan_o, nan_r = torch.isnan(o), torch.isnan(r)
-        if nan_at is None and not torch.equal(nan_o, nan_r):
-            nan_at = base + int(torch.argmax((nan_o != nan_r).to(torch.uint8)))
         inf_o, inf_r = torch.isinf(o), torch.isinf(r)
-        bad_inf = (inf_o != inf_r) | (inf_r & (o != r))
+        compared = ~(nan_r | inf_r) if masked else torch.ones_like(nan_r)
+        if nan_at is None and not torch.equal(nan_o & compared, nan_r & compared):
+            nan_at = base + int(torch.argmax(((nan_o != nan_r) & compared).to(torch.uint8)))
+        bad_inf = ((inf_o != inf_r) | (inf_r & (o != r))) & compared
         if inf_at is None and bool(bad_inf.any()):
             inf_at = base + int(torch.argmax(bad_inf.to(torch.uint8)))
         finite = ~(nan_r | inf_r | nan_o | inf_o)
@@ -208,13 +300,15 @@ def _exact(out: torch.Tensor, ref: torch.Tensor, index: int, atol: float, rtol: 
             local = int(torch.argmax(excess))
             if worst is None or float(excess[local]) > worst[0]:
                 worst = (float(excess[local]), base + local, float(o[local]), float(r[local]))
-        del o, r, diff, allowed, bad, finite
+        del o, r, diff, allowed, bad, finite, compared
     reasons = []
     if nan_at is not None:
         reasons.append(f"output {index}: NaN positions differ from the reference (first at {_unravel(nan_at, ref.shape)})")
     if inf_at is not None:
         reasons.append(f"output {index}: infinities differ from the reference (first at {_unravel(inf_at, ref.shape)})")
     stats = {"max_abs_err": max_abs, "max_rel_err": max_rel, "mismatches": mismatches, "atol": atol, "rtol": rtol}
+    if nan_at is not None or inf_at is not None:
+        stats["nonfinite_off"] = True
     if mismatches:
         where = _unravel(worst[1], ref.shape)
         stats["worst"] = {"index": where, "got": worst[2], "expected": worst[3]}
@@ -222,6 +316,24 @@ def _exact(out: torch.Tensor, ref: torch.Tensor, index: int, atol: float, rtol: 
             f"output {index}: {mismatches} of {ref.numel()} elements outside atol={atol} rtol={rtol}; "
             f"max abs error {max_abs:.3g}, worst at {where}: got {worst[2]:.6g}, expected {worst[3]:.6g}")
     return reasons, stats
+
+
+def norm_against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    """The relative L2 distances of the output and of the reference from the float64 truth, over the elements
+    finite in all three."""
+    sums = torch.zeros(3, dtype=torch.float64, device=ref.device)
+    for start, stop in _slices(tuple(ref.shape)):
+        o, r = _rows(out, start, stop).double(), _rows(ref, start, stop).double()
+        e = _rows(exact, start, stop).to(device=ref.device, dtype=torch.float64)
+        finite = torch.isfinite(o) & torch.isfinite(r) & torch.isfinite(e)
+        e = e.masked_fill(~finite, 0.0)
+        sums += torch.stack([e.square().sum(), (o - e).masked_fill_(~finite, 0.0).square().sum(),
+                             (r - e).masked_fill_(~finite, 0.0).square().sum()])
+        del o, r, e, finite
+    truth, own, theirs = sums.sqrt().tolist()
+    if truth == 0:
+        return (0.0 if own == 0 else math.inf), (0.0 if theirs == 0 else math.inf)
+    return own / truth, theirs / truth
 
 
 def against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, atol: float,
@@ -250,6 +362,34 @@ def against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, a
         theirs = torch.maximum(theirs, (d_ref / tol).max()) if d_ref.numel() else theirs
         del o, r, e, finite, tol, d_own, d_ref, allowed
     return int(bad), float(own), float(theirs)
+
+
+def varies(t: torch.Tensor) -> bool:
+    """Whether the output has two distinct finite values (an empty or one-element output never does)."""
+    if t.numel() < 2:
+        return False
+    if not t.is_floating_point():
+        flat = t.reshape(-1)
+        return bool((flat != flat[0]).any())
+    lo = hi = None
+    for part in t.reshape(-1).split(CHUNK):
+        finite = part[torch.isfinite(part)]
+        if finite.numel():
+            lo = finite.min() if lo is None else torch.minimum(lo, finite.min())
+            hi = finite.max() if hi is None else torch.maximum(hi, finite.max())
+    return lo is not None and bool(hi > lo)
+
+
+def fingerprint(t: torch.Tensor) -> list[float]:
+    """Two numbers that change when the output does: the sums of its finite elements and of their squares."""
+    if t.numel() == 0:
+        return [0.0, 0.0]
+    total = torch.zeros(2, dtype=torch.float64, device=t.device)
+    for part in t.reshape(-1).split(CHUNK):
+        part = part.double()
+        part = part.masked_fill(~torch.isfinite(part), 0.0)
+        total += torch.stack([part.sum(), part.square().sum()])
+    return [round(v, 9) for v in total.tolist()]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -1,5 +1,7 @@
-"""Honest: LayerNorm split over rows in three kernels with fp32 workspaces (partial sums, row statistics), its
-affine parameters made in __init__ like the reference's."""
+"""Honest: LayerNorm split over rows in three kernels with fp32 workspaces (each chunk's sum and sum of squared
+deviations from its own mean, combined per row by Chan's formula: stable where the mean dwarfs the spread, as on
+inputs near one, where E[x^2] - E[x]^2 loses the variance), its affine parameters made in __init__ like the
+reference's."""
 import torch
 import triton
 import triton.language as tl
@@ -13,20 +15,25 @@ def partial_sums(x_ptr, partial_ptr, row_len, chunks, CHUNK: tl.constexpr):
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     mask = offs < row_len
     x = tl.load(x_ptr + row * row_len + offs, mask=mask, other=0.0).to(tl.float32)
+    count = tl.minimum(row_len - chunk * CHUNK, CHUNK)
+    total = tl.sum(x, axis=0)
+    centered = tl.where(mask, x - total / count, 0.0)
     base = (row * chunks + chunk) * 2
-    tl.store(partial_ptr + base, tl.sum(x, axis=0))
-    tl.store(partial_ptr + base + 1, tl.sum(x * x, axis=0))
+    tl.store(partial_ptr + base, total)
+    tl.store(partial_ptr + base + 1, tl.sum(centered * centered, axis=0))
 
 
 @triton.jit
-def row_stats(partial_ptr, stats_ptr, row_len, chunks, eps, BLOCK: tl.constexpr):
+def row_stats(partial_ptr, stats_ptr, row_len, chunks, eps, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < chunks
-    s = tl.sum(tl.load(partial_ptr + (row * chunks + offs) * 2, mask=mask, other=0.0), axis=0)
-    sq = tl.sum(tl.load(partial_ptr + (row * chunks + offs) * 2 + 1, mask=mask, other=0.0), axis=0)
-    mean = s / row_len
-    var = sq / row_len - mean * mean
+    sums = tl.load(partial_ptr + (row * chunks + offs) * 2, mask=mask, other=0.0)
+    m2 = tl.load(partial_ptr + (row * chunks + offs) * 2 + 1, mask=mask, other=0.0)
+    counts = tl.minimum(row_len - offs * CHUNK, CHUNK).to(tl.float32)
+    mean = tl.sum(sums, axis=0) / row_len
+    spread = tl.where(mask, sums / counts - mean, 0.0)
+    var = (tl.sum(m2, axis=0) + tl.sum(counts * spread * spread, axis=0)) / row_len
     tl.store(stats_ptr + row * 2, mean)
     tl.store(stats_ptr + row * 2 + 1, 1.0 / tl.sqrt(var + eps))
 
@@ -60,6 +67,7 @@ class ModelNew(torch.nn.Module):
         stats = torch.empty(rows, 2, device=x.device, dtype=torch.float32)
         out = torch.empty_like(x)
         partial_sums[(rows, chunks)](x, partial, row_len, chunks, CHUNK=CHUNK)
-        row_stats[(rows,)](partial, stats, row_len, chunks, self.ln.eps, BLOCK=triton.next_power_of_2(chunks))
+        row_stats[(rows,)](partial, stats, row_len, chunks, self.ln.eps, CHUNK=CHUNK,
+                           BLOCK=triton.next_power_of_2(chunks))
         normalize[(rows, chunks)](x, self.ln.weight, self.ln.bias, stats, out, row_len, CHUNK=CHUNK)
         return out

@@ -1,0 +1,20 @@
+"""Broken: a whole-tensor sum whose loads have no tail mask, so the last block reads past the end of the input (on a
+GPU usually zeros or another tensor's values, silently)."""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def sum_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, n, BLOCK):
+        acc += tl.load(x_ptr + start + tl.arange(0, BLOCK))
+    tl.store(out_ptr, tl.sum(acc, axis=0))
+
+
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty(1, device=x.device, dtype=x.dtype)
+        sum_kernel[(1,)](x, out, x.numel(), BLOCK=512)
+        return out

@@ -1,0 +1,153 @@
+"""What `correct` means (issue: verdicts that mean what they say): one cheating or broken kernel per class, each
+beside an honest kernel of the same op and shapes that stays credited. Runs on the CPU (Triton's interpreter) and,
+selected by -m 'gpu or device', on a GPU."""
+from pathlib import Path
+
+import pytest
+
+from sandbox import evaluate as evaluate_module
+from sandbox.evaluate import EvalSettings, Session, evaluate
+from tools.result import CHECKS_VERSION
+from tools.target import load_target
+
+pytestmark = pytest.mark.device
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def session():
+    with Session(spares=1) as s:
+        yield s
+
+
+def judge(target: str, candidate: str, session):
+    return evaluate(load_target(str(HERE / "targets" / f"{target}.py")),
+                    (HERE / "candidates" / f"{candidate}.py").read_text(), EvalSettings(baselines=("eager",)),
+                    session)
+
+
+def test_inputs_that_exercise_the_op_catch_zeros_where_the_own_draw_gives_zero(session):
+    cheat = judge("kb_relu_log_rand", "zeros_for_constant_looking_output", session)
+    assert cheat.verdict == "incorrect" and " inputs): " in cheat.reasons[0], cheat.reasons   # a family above 1
+    honest = judge("kb_relu_log_rand", "honest_relu_log", session)
+    assert honest.verdict == "correct", honest.reasons
+    # log is NaN below 0: those families are judged where the reference is finite, not skipped
+    assert {"positive", "signed", "large"} <= set(honest.correctness.families) and not honest.degenerate
+    assert honest.checks == CHECKS_VERSION
+
+
+def test_arithmetic_coarser_than_the_targets_dtype_fails_though_under_atol(session):
+    cheat = judge("kb_linear_softmax", "fp16_gemm_softmax", session)
+    assert cheat.verdict == "incorrect" and any("of its norm" in r for r in cheat.reasons), cheat.reasons
+    honest = judge("kb_linear_softmax", "honest_linear_softmax", session)
+    assert honest.verdict == "correct" and honest.correctness.norm_err < 1e-5, honest.reasons
+
+
+def test_a_numerically_unstable_variance_fails_where_the_mean_dwarfs_the_spread(session):
+    unstable = judge("tiny_layernorm", "one_pass_variance", session)
+    assert unstable.verdict == "incorrect" and "near_one inputs" in unstable.reasons[0], unstable.reasons
+    stable = judge("tiny_layernorm", "honest_layernorm_split", session)   # Chan's combination of partial moments
+    assert stable.verdict == "correct", stable.reasons
+
+
+def test_a_store_past_the_end_of_an_output_is_caught_by_its_guard(session):
+    r = judge("tiny_add", "store_past_end", session)
+    assert r.verdict == "incorrect" and "past an end of allocation 0 (output 0)" in r.reasons[0], r.reasons
+
+
+def test_a_load_past_the_end_of_an_input_reads_poison(session):
+    r = judge("kb_total_sum", "load_past_end", session)
+    assert r.verdict == "incorrect", r.reasons
+    honest = judge("kb_total_sum", "honest_total_sum", session)
+    assert honest.verdict == "correct", honest.reasons
+
+
+def test_module_state_is_restored_before_every_call(session):
+    # Its counter never passes 0 in a replay: every call adds, and what is timed is what was checked.
+    r = judge("tiny_add", "counter_in_state", session)
+    assert r.verdict == "correct", r.reasons
+
+
+def test_module_state_larger_than_the_references_is_refused(session, monkeypatch):
+    monkeypatch.setattr(evaluate_module, "STATE_SLACK_BYTES", 1 << 20)   # the 4 MiB ballast, against a 1 MiB slack
+    r = judge("tiny_add", "large_state", session)
+    assert r.verdict == "rejected" and "module state" in r.reasons[0] and "allocate workspaces" in r.reasons[0]
+    assert judge("tiny_add", "honest_add", session).verdict == "correct"
+
+
+def test_a_degenerate_target_is_said_so_and_gets_no_speedup(session):
+    r = judge("kb_constant_output", "zeros_for_constant_looking_output", session)
+    assert r.verdict == "correct" and "constant" in r.degenerate and "degenerate_target" in r.flags
+    assert r.speedup is None
+
+
+def test_nothing_numeric_about_a_hidden_variant_reaches_the_result(session):
+    r = judge("tiny_add", "hidden_shapes", session)
+    assert r.reasons == ["hidden variant 1: runtime_error"]
+    assert r.correctness is None or (r.correctness.worst is None and r.correctness.max_abs_err == 0.0)
+
+
+def test_every_candidate_gets_inputs_of_its_own(session):
+    target = load_target(str(HERE / "targets" / "tiny_add.py"))
+    source = (HERE / "candidates" / "honest_add.py").read_text()
+    with session.evaluation(target, source) as a, session.evaluation(target, source) as b:
+        assert a._seed("trial", 0, 0) != b._seed("trial", 0, 0)
+        assert a.init_seed == b.init_seed          # the same weights: one reference model per run
+
+
+def test_a_degenerate_target_is_said_so_when_it_is_loaded():
+    from tools.target import check_reference
+
+    constant = load_target(str(HERE / "targets" / "kb_constant_output.py"))
+    check_reference(constant)
+    assert "constant" in constant.degenerate
+    for name in ("kb_relu_log_rand", "kb_relu_rand", "tiny_layernorm"):   # zero or a copy on their own draws only
+        target = load_target(str(HERE / "targets" / f"{name}.py"))
+        check_reference(target)
+        assert target.degenerate is None, name
+
+
+def test_weights_at_their_default_init_are_drawn_at_random_for_both_sides(session):
+    cheat = judge("kb_layernorm_default", "layernorm_ignores_affine", session)
+    assert cheat.verdict == "incorrect" and cheat.reasons[0].startswith(
+        "main shape, its parameters drawn at random, trial 1:"), cheat.reasons
+    honest = judge("kb_layernorm_default", "honest_layernorm_affine", session)
+    assert honest.verdict == "correct", honest.reasons
+
+
+def test_the_weights_draw_is_the_same_for_a_candidate_that_holds_the_parameters_its_own_way():
+    import torch
+
+    from tools import weights
+
+    class Reference(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(8)
+            self.linear = torch.nn.Linear(8, 4)
+
+    class Candidate(torch.nn.Module):   # other names, a plain attribute, the weight kept transposed
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            ref = Reference()
+            self.gamma = torch.nn.Parameter(ref.ln.weight.detach().clone())
+            self.beta = ref.ln.bias.detach().clone()
+            self.w_t = torch.nn.Parameter(ref.linear.weight.detach().t().contiguous())
+            self.b = torch.nn.Parameter(ref.linear.bias.detach().clone())
+
+    candidate = Candidate()
+    torch.manual_seed(0)
+    reference = Reference()
+    matched = weights.perturb_candidate(candidate, reference, seed=5)
+    assert sorted(matched) == ["linear.bias", "ln.bias", "ln.weight"]      # the transposed weight cannot follow
+    drawn = weights.perturb_reference(reference, 5, matched)
+    assert sorted(drawn) == ["linear.bias", "ln.bias", "ln.weight"]
+    assert torch.equal(candidate.gamma, reference.ln.weight) and torch.equal(candidate.beta, reference.ln.bias)
+    assert torch.equal(candidate.b, reference.linear.bias) and not torch.equal(reference.ln.bias, torch.zeros(8))
+    assert bool((reference.ln.weight > 0).all()) and not torch.equal(reference.ln.weight, torch.ones(8))
+    # a candidate that holds no tensor equal to a constant entry cannot follow it: the reference draws it anyway
+    torch.manual_seed(0)
+    fresh = Reference()
+    assert sorted(weights.perturb_reference(fresh, 5, [])) == ["ln.bias", "ln.weight"]
