@@ -143,6 +143,7 @@ class Loaded:
 # Inputs up to this fraction of the GPU's memory are refreshed in place (two sets are briefly alive); larger ones
 # are freed before the next set is made, and described afresh each time.
 IN_PLACE_FRACTION = 1 / 64
+PTX_ASSEMBLY_BUDGET_S = 60.0   # ptxas time for one candidate's PTX, all its shapes together
 
 
 class Executor:
@@ -155,6 +156,8 @@ class Executor:
         self.held_shared: list | None = None  # their IPC descriptions while the buffers stay the same
         self.loaded: dict[str, Loaded] = {}
         self._modules = 0
+        self.assembled: dict[str, object] = {}   # PTX text -> its Assembly, for the candidate in hand
+        self.assembly_s = 0.0                    # ptxas time spent on the candidate in hand
         self.cuda = DEVICE.type == "cuda"
         if self.cuda:
             self.stream = torch.cuda.Stream()
@@ -317,6 +320,8 @@ class Executor:
         self.held.clear()
         self.held_guards, self.held_layout = [], []
         self.held_shared = None
+        self.assembled.clear()   # the next candidate's PTX budget starts afresh
+        self.assembly_s = 0.0
         if self.cuda:
             torch.cuda.ipc_collect()  # shared blocks the referee has let go of
             if deep:
@@ -328,19 +333,32 @@ class Executor:
         if k.kind == "triton":
             return self._triton(k, plan)
         if k.kind == "ptx":
-            from tools.assemble import PtxAssembleError
-            from tools.launch import _assemble_cached, _load_function
-
-            major, minor = torch.cuda.get_device_capability(DEVICE)
-            try:
-                assembly = _assemble_cached(k.ptx, f"sm_{major}{minor}")
-            except PtxAssembleError as e:
-                raise ExecutorError("compile_error", str(e)) from None
+            assembly = self._assemble(k.ptx)
             if k.name not in assembly.kernels:
                 raise ExecutorError("compile_error", f"PTX has no entry {k.name}")
             k.resources = assembly.kernels[k.name]
-            return _load_function(assembly.cubin, k.name, DEVICE.index or 0)
+            return _ptx_function(assembly.cubin, k.name)
         return self._interpreted(k)
+
+    def _assemble(self, ptx: str):
+        """ptxas on a PTX text, once per candidate (its hidden shapes launch the same texts), within what is left of
+        the candidate's PTX_ASSEMBLY_BUDGET_S."""
+        from tools.assemble import PtxAssembleError, assemble_ptx
+
+        if ptx not in self.assembled:
+            left = PTX_ASSEMBLY_BUDGET_S - self.assembly_s
+            if left <= 0:
+                raise ExecutorError("compile_error", f"assembling the candidate's PTX took over "
+                                    f"{PTX_ASSEMBLY_BUDGET_S:g} s")
+            major, minor = torch.cuda.get_device_capability(DEVICE)
+            began = time.perf_counter()
+            try:
+                self.assembled[ptx] = assemble_ptx(ptx, f"sm_{major}{minor}", timeout_s=left)
+            except PtxAssembleError as e:
+                raise ExecutorError("compile_error", str(e)) from None
+            finally:
+                self.assembly_s += time.perf_counter() - began
+        return self.assembled[ptx]
 
     def _triton(self, k: planfmt.Kernel, plan: planfmt.Plan):
         from types import SimpleNamespace
@@ -520,6 +538,17 @@ class Executor:
             base = self._interpreted_arg(loaded, inputs, a.base, kernel)
             return TensorDescriptor(base, a.shape, a.strides, a.block_shape, a.padding)
         raise ExecutorError("rejected", f"unknown argument {type(a).__name__}")
+
+
+def _ptx_function(cubin: bytes, entry: str):
+    """The entry of a module loaded for one plan: the Function keeps its Module alive, and both (with the module's
+    .global memory) go when the plan is unloaded; nothing a candidate loaded outlives its evaluation."""
+    import cupy
+
+    with cupy.cuda.Device(DEVICE.index or 0):
+        module = cupy.cuda.function.Module()
+        module.load(cubin)
+        return module.get_function(entry)
 
 
 def _no_scratch(size: int, alignment: int, stream):

@@ -52,6 +52,13 @@ _TENSORDESC_SIG = re.compile(r"tensordesc<(" + "|".join(TRITON_DTYPES) + r")\[(\
 KERNEL_KINDS = ("triton", "interpreted", "ptx")
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_SCRATCH = 1 << 32            # Triton global scratch of one launch (device-side TMA descriptors use 128 B/program)
+# What the trusted side assembles and loads for one plan's PTX: ptxas runs in the executor, and a module's .global
+# variables are allocated when it loads, so a candidate could otherwise keep an evaluation busy for minutes (large,
+# slow-to-assemble texts swapped in) or take gigabytes of the GPU (.global arrays) from its neighbours.
+MAX_PTX_BYTES = 4 << 20          # the plan's distinct PTX texts together
+MAX_PTX_MODULES = 16             # distinct PTX texts
+MAX_PTX_GLOBAL_BYTES = 256 << 20  # .global variables declared by them together
+_PTX_GLOBAL = re.compile(r"\.global\s+(?:\.align\s+\d+\s+)?(?:\.v\d\s+)?\.([a-z]\d+)\s+[\w$%]+\s*((?:\[\s*\d*\s*\])*)")
 
 
 class PlanError(ValueError):
@@ -248,6 +255,31 @@ def copy_plan(source: Path, destination: Path) -> None:
         (destination / name).write_bytes(data)
 
 
+def _check_ptx_budget(kernels: list) -> None:
+    """The plan's PTX within MAX_PTX_BYTES, MAX_PTX_MODULES and MAX_PTX_GLOBAL_BYTES of declared .global data."""
+    texts = {k.ptx for k in kernels if k.kind == "ptx"}
+    if len(texts) > MAX_PTX_MODULES:
+        raise PlanError(f"the plan has {len(texts)} distinct PTX modules, over {MAX_PTX_MODULES}")
+    size = sum(len(t) for t in texts)
+    if size > MAX_PTX_BYTES:
+        raise PlanError(f"the plan's PTX holds {size} bytes, over {MAX_PTX_BYTES}")
+    declared = sum(ptx_global_bytes(t) for t in texts)
+    if declared > MAX_PTX_GLOBAL_BYTES:
+        raise PlanError(f"the plan's PTX declares {declared} bytes of .global memory, over {MAX_PTX_GLOBAL_BYTES} "
+                        "(allocate buffers in forward instead)")
+
+
+def ptx_global_bytes(ptx: str) -> int:
+    """Bytes of the .global variables a PTX text declares (their element type's size times their dimensions)."""
+    total = 0
+    for kind, dims in _PTX_GLOBAL.findall(ptx):
+        count = 1
+        for dim in re.findall(r"\[\s*(\d*)\s*\]", dims):
+            count *= int(dim) if dim else 1
+        total += count * max(1, int(re.sub(r"\D", "", kind) or 8) // 8)
+    return total
+
+
 def load_plan(path: Path) -> Plan:
     """Parse and check a plan written by an untrusted planner. Raises PlanError with one line."""
     path = Path(path)
@@ -277,6 +309,7 @@ class _Checker:
         allocs = [_int(x, "alloc size", 0, 1 << 40) for x in _list(d.get("allocs"), "allocs", MAX_BUFFERS)]
         state = [self.state(x) for x in _list(d.get("state"), "state", MAX_BUFFERS)]
         kernels = [self.kernel(x) for x in _list(d.get("kernels"), "kernels", MAX_KERNELS)]
+        _check_ptx_budget(kernels)
         plan = Plan(inputs=inputs, allocs=allocs, state=state, kernels=kernels, steps=[], outputs=[],
                     directory=self.directory)
         self.current = plan

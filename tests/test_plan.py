@@ -209,3 +209,27 @@ print(len(recorder.kernels), recorder.forbidden, "torch._dynamo" in sys.modules)
                           text=True, cwd=REPO,
                           env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, timeout=120)
     assert done.stdout.split("\n")[-2:] == ["1 [] False", ""], done.stdout + done.stderr[-3000:]
+
+
+def _ptx_plan(tmp_path, texts: list[str]):
+    kernels = [{"kind": "ptx", "name": f"k{i}", "ptx": text} for i, text in enumerate(texts)]
+    plan = {"version": VERSION, "inputs": [], "allocs": [16], "state": [], "kernels": kernels,
+            "steps": [{"op": "launch", "kernel": 0, "grid": [1, 1, 1], "block": [32, 1, 1], "args": []}],
+            "outputs": [{"ref": ["alloc", 0], "offset": 0, "dtype": "float32", "shape": [4], "stride": [1]}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    return tmp_path / "plan.json"
+
+
+def test_the_ptx_the_trusted_side_assembles_and_loads_is_bounded(tmp_path):
+    from sandbox import plan as planfmt
+
+    small = ".version 8.0\n.target sm_90\n.address_size 64\n.global .align 4 .f32 table[16][4];\n"
+    assert planfmt.ptx_global_bytes(small) == 256
+    assert load_plan(_ptx_plan(tmp_path, [small])).kernels[0].ptx == small
+    hoard = small + ".visible .global .align 8 .b8 hoard[8000000000];\n"      # gigabytes allocated at module load
+    with pytest.raises(PlanError, match="declares 8000000256 bytes of .global memory"):
+        load_plan(_ptx_plan(tmp_path, [hoard]))
+    with pytest.raises(PlanError, match="distinct PTX modules"):
+        load_plan(_ptx_plan(tmp_path, [small + f"// {i}\n" for i in range(planfmt.MAX_PTX_MODULES + 1)]))
+    with pytest.raises(PlanError, match="PTX holds"):
+        load_plan(_ptx_plan(tmp_path, [small + "//" + "x" * planfmt.MAX_PTX_BYTES]))

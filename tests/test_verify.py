@@ -206,3 +206,15 @@ def test_same_bits_compares_whole_elements_and_sees_a_changed_nan_payload():
     assert verify.same_bits(t, t.contiguous()) and not verify.same_bits(t, t.contiguous() + 1)
     flags = torch.tensor([True, False, True])
     assert verify.same_bits(flags, flags.clone()) and not verify.same_bits(flags, ~flags)
+
+
+def test_a_masked_family_leaves_out_elements_near_overflow():
+    x = torch.full((4, 64), 2.0 ** 6)
+    ref = torch.cumprod(x, dim=1)                            # reaches float32's largest values, then infinity
+    out = ref.clone()
+    near = (ref.abs() > torch.finfo(torch.float32).max * 2.0 ** -10) & torch.isfinite(ref)
+    out[near] = float("inf")                                 # another order overflows a step earlier
+    assert verify.compare(out, ref)[0]                       # the target's own inputs: the positions must agree
+    assert verify.compare(out, ref, to_scale=True, masked=True)[0] == []
+    out[0, 0] = 0.0                                          # a wrong element where the reference is ordinary
+    assert verify.compare(out, ref, masked=True)[0]

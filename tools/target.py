@@ -242,13 +242,14 @@ DEGENERACY_FAMILIES = ("own", "signed", "positive", "large")   # enough to make 
 
 
 def _degenerate(target: Target, shape: dict) -> str | None:
-    """Whether the reference's outputs, on inputs of a few families (tools/inputs.py) at `shape`, are constant, or
-    the same whatever the inputs: then a kernel that writes them without reading its inputs passes every check."""
+    """Whether the reference's outputs, on inputs of a few families (tools/inputs.py) at `shape`, are the same
+    whatever the inputs (constant, like KernelBench level 2's 80): then a kernel that writes them without reading
+    its inputs passes every check."""
     from tools.inputs import DEVICE, RANDOM_STATE, make_inputs
-    from tools.verify import fingerprint, varies
+    from tools.verify import fingerprint
 
     module = target.module_for(shape)
-    seen, varied = [], False
+    seen = []
     for seed, family in enumerate(DEGENERACY_FAMILIES):
         try:
             with RANDOM_STATE, torch.no_grad():
@@ -257,15 +258,12 @@ def _degenerate(target: Target, shape: dict) -> str | None:
                            if isinstance(t, torch.Tensor)]
         except Exception:  # noqa: BLE001  a family outside the op's domain says nothing here
             continue
-        varied = varied or any(varies(t) for t in outputs)
         seen.append([fingerprint(t) for t in outputs])
         del model, outputs
     if DEVICE.type == "cuda":
         torch.cuda.empty_cache()
-    if seen and not varied:
-        return "its reference's output is constant on every input tried: a kernel writing that constant passes"
     if len(seen) > 1 and all(f == seen[0] for f in seen):
-        return "its reference's output does not depend on its inputs: a kernel writing it passes"
+        return "its reference's output is the same whatever its inputs: a kernel writing it without reading them passes"
     return None
 
 
