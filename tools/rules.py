@@ -64,9 +64,9 @@ MEMBERS = {
                  "index", "itemgetter", "not_"},
     "packaging": {"version"},
     "packaging.version": {"Version", "parse"},
-    # isinstance(x, DTensor) before a launch, as Liger writes it; collectives and process groups stay off limits
+    # torch.distributed.tensor (DTensor checks and layouts before a launch, as Liger writes them); collectives and
+    # process groups stay off limits
     "torch.distributed": {"tensor", "is_available", "is_initialized"},
-    "torch.distributed.tensor": {"DTensor"},
     "tools.launch": {"PtxKernel", "NoGpuError"},
     "triton": {"jit", "autotune", "heuristics", "Config", "cdiv", "next_power_of_2", "language", "tools",
                "set_allocator", "reinterpret", "TensorWrapper", "TritonError", "CompilationError", "OutOfResources",
