@@ -151,6 +151,21 @@ def test_the_rules_that_were_already_there_still_hold(body, reason):
     refused(candidate(body), reason)
 
 
+@pytest.mark.parametrize("body, reason", [
+    ("from transformers.utils import x", "line 4: import from transformers.utils is not allowed (allowed: "
+                                        "__future__, contextlib,"),
+    ("from . import helpers", "line 4: import from . is not allowed (a candidate is one module)"),
+    ("from torch import *", "line 4: star imports are not allowed (name what you need: from torch import ...)"),
+    ("import importlib", "it imports any module by a name known only at run time: for a version check write "
+                         "packaging.version.Version(triton.__version__)"),
+    ("def add(a, b):\n    try:\n        return a\n    except Exception:\n        return torch.add(a, b)",
+     "fallback to PyTorch (torch.add) in an except handler (let the error surface, or fall back to another kernel)"),
+    ("torch.allclose = None", "patches an imported module (keep state in names of your own module)"),
+])
+def test_a_refusal_says_what_to_write_instead(body, reason):
+    refused(candidate(body), reason)
+
+
 def test_a_candidate_without_model_new_is_refused():
     assert check_source("import torch\n") == [
         "line 1: no class ModelNew: a candidate defines ModelNew with the same constructor as Model"]

@@ -596,11 +596,12 @@ class _Checker(ast.NodeVisitor):
     def _import_from(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
         if node.level or not (_module_allowed(module) or module in TRANSIT):
-            return self._flag(node, f"import from {'.' * node.level}{module} is not allowed")
+            where = "a candidate is one module" if node.level else f"allowed: {', '.join(sorted(ALLOWED_IMPORTS))}"
+            return self._flag(node, f"import from {'.' * node.level}{module} is not allowed ({where})")
         parent = _import(module)
         for alias in node.names:
             if alias.name == "*":
-                self._flag(node, "star imports are not allowed")
+                self._flag(node, f"star imports are not allowed (name what you need: from {module} import ...)")
                 continue
             obj = self._walk(parent, module, [alias.name], node)
             self.bindings[alias.asname or alias.name] = (f"{module}.{alias.name}", obj)
@@ -922,7 +923,8 @@ class _Checker(ast.NodeVisitor):
             if link.attr.startswith("__") and link.attr not in {"__init__", "__name__", "__version__"}:
                 self._flag(link, f"dunder attribute {link.attr} is not allowed (no reaching into objects' internals)")
             if link.attr in VALUE_ESCAPES:
-                self._flag(link, f".{link.attr} moves tensor values out of the kernel's reach; not allowed")
+                self._flag(link, f".{link.attr} moves tensor values out of the kernel's reach; not allowed (compute "
+                                 "with the values in a kernel)")
         if not isinstance(base, ast.Name):
             self.visit(base)
             return
@@ -1007,7 +1009,8 @@ class _Checker(ast.NodeVisitor):
                 root = root.value
             if isinstance(root, ast.Name) and self._binding(root.id):
                 shown = _dotted(target) or _dotted(target.value) or root.id
-                self._flag(target, f"assigning to {shown} patches an imported module")
+                self._flag(target, f"assigning to {shown} patches an imported module (keep state in names of your "
+                                   "own module)")
 
     def visit_Try(self, node: ast.Try) -> None:
         for handler in node.handlers:
@@ -1017,7 +1020,8 @@ class _Checker(ast.NodeVisitor):
                     full = self._canonical(name) if name else ""
                     leaf = full.rsplit(".", 1)[-1]
                     if (full.startswith(("torch.", "F.")) or "functional" in full) and leaf not in ALLOCATION_CALLS:
-                        self._flag(inner, f"fallback to PyTorch ({full}) in an except handler")
+                        self._flag(inner, f"fallback to PyTorch ({full}) in an except handler (let the error "
+                                          "surface, or fall back to another kernel)")
         self.generic_visit(node)
 
     visit_TryStar = visit_Try
