@@ -388,26 +388,22 @@ def test_honest_kernels_in_public_idioms_are_credited(session, target, name, cpu
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("name, bypass, why", [
-    ("autograd_forward_torch", False, "ModelNew.forward computed with PyTorch ops: aten.add"),
-    ("triton_op_torch", False, "ModelNew.forward computed with PyTorch ops: kloop_cheat.add"),
-    ("alias_smuggles_torch", True, "triton_add"),
-    ("jit_applied_torch", True, "kernel _add_kernel uses module torch"),
+@pytest.mark.parametrize("target, name, bypass, why", [
+    ("tiny_add", "autograd_forward_torch", False, "ModelNew.forward computed with PyTorch ops: aten.add"),
+    ("tiny_add", "triton_op_torch", False, "ModelNew.forward computed with PyTorch ops: kloop_cheat.add"),
+    # the rules refuse these; without them the planner and the executor's own checks must (on a GPU, Triton's
+    # compiler, in its own words: a kernel calls no PyTorch function)
+    ("tiny_add", "alias_smuggles_torch", True, "kernel add_kernel reads global triton_add"),
+    ("tiny_add", "jit_applied_torch", True, "kernel _add_kernel uses module torch"),
+    ("tiny_gelu", "libdevice_is_torch", True, "kernel gelu_kernel uses module torch.special"),
 ])
-def test_cheats_in_public_idioms_are_never_credited(session, monkeypatch, name, bypass, why):
-    if bypass:   # the rules refuse these; without them the planner and the executor's own checks must
+def test_cheats_in_public_idioms_are_never_credited(session, monkeypatch, target, name, bypass, why):
+    if bypass:
         monkeypatch.setattr(rules, "check_source", lambda source: [])
-    r = judge("tiny_add", (CANDIDATES / f"{name}.py").read_text(), session)
+    r = judge(target, (CANDIDATES / f"{name}.py").read_text(), session)
     assert r.verdict in ("rejected", "compile_error"), (r.verdict, r.reasons)
-    assert any(why in reason for reason in r.reasons), r.reasons
-
-
-@pytest.mark.device
-def test_a_libdevice_that_is_another_module_is_never_run(session, monkeypatch):
-    monkeypatch.setattr(rules, "check_source", lambda source: [])
-    r = judge("tiny_gelu", (CANDIDATES / "libdevice_is_torch.py").read_text(), session)
-    assert r.verdict in ("rejected", "compile_error"), (r.verdict, r.reasons)
-    assert any("torch.special" in reason or "libdevice" in reason for reason in r.reasons), r.reasons
+    if not (bypass and HAS_GPU):
+        assert any(why in reason for reason in r.reasons), r.reasons
 
 
 @pytest.mark.device
