@@ -294,6 +294,10 @@ def kernel_calling(call: str, before: str) -> str:
     (HEADER + "g = torch.autograd.grad" + MODEL, "line 4: torch.autograd.grad is off limits to candidates"),
     (HEADER + "from torch.library import Library" + MODEL, "line 4: torch.library.Library is off limits"),
     (HEADER + "from torch.library import custom_op" + MODEL, "line 4: torch.library.custom_op is off limits"),
+    (HEADER + "torch.distributed.init_process_group('gloo')" + MODEL,
+     "line 4: torch.distributed.init_process_group is off limits to candidates (from torch.distributed candidates "
+     "may use is_available, is_initialized, tensor)"),
+    (HEADER + "import packaging.markers" + MODEL, "line 4: import of packaging.markers is not allowed"),
     (HEADER + "b = triton.runtime.driver.active.utils.load_binary" + MODEL,
      "line 4: triton.runtime.driver.active.utils.load_binary is not for candidates (they may call "
      "triton.runtime.driver.active.get_active_torch_device()"),
