@@ -53,7 +53,8 @@ def refused(source: str, fragment: str) -> list[str]:
     ("from torch import nn\ny = nn.modules.module.torch.load",
      "line 5: torch.nn.modules.module.torch.load is off limits to candidates (torch.load)"),
     ("y = torch._C._get_tracing_state", "line 4: torch._C reaches module torch._C"),
-    ("y = triton.runtime.driver", "line 4: triton.runtime reaches module triton.runtime"),
+    ("y = triton.runtime.jit", "line 4: triton.runtime.jit reaches module triton.runtime.jit, which candidates may "
+                               "not use (from triton.runtime candidates may use driver)"),
     ("y = tl.core.builtins.open", "line 4: triton.language.core.builtins reaches module builtins"),
     ("y = tl.extra.module_from_spec", "line 4: triton.language.extra.module_from_spec is _frozen_importlib"),
     ("from tools import rules", "line 4: tools.rules reaches module tools.rules"),
@@ -66,8 +67,10 @@ def test_modules_are_never_reached_through_other_modules(body, reason):
 @pytest.mark.parametrize("body, reason", [
     ("import functools\nfunctools.update_wrapper(torch, object, assigned=(), updated=('__dict__',))",
      "line 5: functools.update_wrapper is not allowed (from functools candidates may use cache, cached_property, "
-     "cmp_to_key, lru_cache, partial, reduce, total_ordering)"),
-    ("from functools import wraps", "line 4: functools.wraps is not allowed"),
+     "cmp_to_key, lru_cache, partial, reduce, total_ordering, wraps)"),
+    ("import operator\ny = operator.attrgetter('os')(torch)", "line 5: operator.attrgetter is not allowed"),
+    ("import contextlib\ny = contextlib.redirect_stdout", "line 5: contextlib.redirect_stdout is not allowed (from "
+                                                          "contextlib candidates may use contextmanager, nullcontext)"),
     ("import dataclasses\ny = dataclasses.make_dataclass", "line 5: dataclasses.make_dataclass is not allowed"),
     ("import numpy as np\ny = np.asarray(torch.ones(2))",
      "line 5: numpy.asarray: numpy may only supply launch scalars"),
@@ -89,7 +92,15 @@ def test_restricted_modules_offer_only_their_listed_members(body, reason):
     ("torch.set_num_threads(1)", "line 4: torch.set_num_threads is off limits to candidates"),
     ("torch.manual_seed(0)", "line 4: torch.manual_seed is off limits to candidates"),
     ("w = torch.load('w.pt')", "line 4: torch.load is off limits to candidates"),
-    ("y = torch.autograd.Function", "line 4: torch.autograd is off limits to candidates"),
+    ("y = torch.autograd.grad", "line 4: torch.autograd.grad is off limits to candidates (from torch.autograd "
+                                "candidates may use Function, function)"),
+    ("from torch.autograd import backward", "line 4: torch.autograd.backward is off limits to candidates"),
+    ("from torch.library import custom_op", "line 4: torch.library.custom_op is off limits to candidates (from "
+                                            "torch.library candidates may use triton_op, wrap_triton)"),
+    ("y = torch.library.Library('aten', 'IMPL')", "line 4: torch.library.Library is off limits to candidates"),
+    ("y = torch.distributed.all_reduce", "line 4: torch.distributed.all_reduce is off limits to candidates (from "
+                                         "torch.distributed candidates may use is_available, is_initialized, tensor)"),
+    ("y = getattr(torch.cuda, 'Stream')()", "line 4: torch.cuda.Stream is off limits to candidates"),
     ("torch.classes.load_library('x.so')", "line 4: torch.classes is off limits to candidates"),
     ("import torch.fx", "line 4: import of torch.fx is not allowed"),
     ("import torch.utils.cpp_extension", "line 4: import of torch.utils.cpp_extension is not allowed"),
@@ -104,8 +115,10 @@ def test_dispatch_streams_rng_and_files_are_off_limits(body, reason):
      "line 4: module torch.nn used as a value"),
     ("def f():\n    return [t for torch in (torch,) for t in (torch.os,)]", "line 5: torch.os reaches module os"),
     ("def f():\n    def g():\n        torch = 1\n    return torch.os", "line 7: torch.os reaches module os"),
-    ("def f(x):\n    return x\nk = triton.jit(f)", "line 6: triton.jit may only decorate a def"),
-    ("from triton import jit\ndef f(x):\n    return x\nk = jit(f)", "line 7: triton.jit may only decorate a def"),
+    ("k = triton.jit(lambda x: x)", "line 4: triton.jit applied to lambda x: x: Triton's decorators apply to a def "
+                                    "of this module (write @triton.jit on the def, or triton.jit(name_of_the_def))"),
+    ("jit = triton.jit", "line 4: triton.jit used as a value: write @triton.jit on a def of this module, or "
+                         "triton.jit(name_of_the_def)"),
 ])
 def test_modules_and_triton_jit_cannot_be_passed_around(body, reason):
     refused(candidate(body), reason)
@@ -119,11 +132,13 @@ def test_a_local_named_like_a_module_is_not_the_module():
 
 
 @pytest.mark.parametrize("body, reason", [
-    ("import os", "line 4: import of os is not allowed (allowed: __future__, dataclasses, functools, math"),
+    ("import os", "line 4: import of os is not allowed (allowed: __future__, contextlib, dataclasses, functools"),
     ("from . import helpers", "line 4: import from . is not allowed"),
     ("from torch import *", "line 4: star imports are not allowed"),
     ("y = eval('1')", "line 4: eval is not allowed in a candidate"),
-    ("y = getattr(torch, 'os')", "line 4: getattr is not allowed in a candidate"),
+    ("y = getattr(torch, 'os')", "line 4: torch.os reaches module os, which candidates may not use"),
+    ("y = getattr(torch, '_C')", "line 4: getattr is not allowed in a candidate: name the attribute"),
+    ("y = getattr(torch, name)", "line 4: getattr is not allowed in a candidate: name the attribute"),
     ("y = vars(torch)", "line 4: vars is not allowed in a candidate"),
     ("y = torch.__dict__", "line 4: dunder attribute __dict__ is not allowed"),
     ("torch.allclose = lambda *a, **k: True", "line 4: assigning to torch.allclose patches an imported module"),
@@ -136,6 +151,21 @@ def test_the_rules_that_were_already_there_still_hold(body, reason):
     refused(candidate(body), reason)
 
 
+@pytest.mark.parametrize("body, reason", [
+    ("from transformers.utils import x", "line 4: import from transformers.utils is not allowed (allowed: "
+                                        "__future__, contextlib,"),
+    ("from . import helpers", "line 4: import from . is not allowed (a candidate is one module)"),
+    ("from torch import *", "line 4: star imports are not allowed (name what you need: from torch import ...)"),
+    ("import importlib", "it imports any module by a name known only at run time: for a version check write "
+                         "packaging.version.Version(triton.__version__)"),
+    ("def add(a, b):\n    try:\n        return a\n    except Exception:\n        return torch.add(a, b)",
+     "fallback to PyTorch (torch.add) in an except handler (let the error surface, or fall back to another kernel)"),
+    ("torch.allclose = None", "patches an imported module (keep state in names of your own module)"),
+])
+def test_a_refusal_says_what_to_write_instead(body, reason):
+    refused(candidate(body), reason)
+
+
 def test_a_candidate_without_model_new_is_refused():
     assert check_source("import torch\n") == [
         "line 1: no class ModelNew: a candidate defines ModelNew with the same constructor as Model"]
@@ -144,11 +174,12 @@ def test_a_candidate_without_model_new_is_refused():
 def test_reasons_are_single_lines_in_line_order_without_duplicates():
     reasons = check_source(candidate("import os\ny = torch.os.getpid() + torch.os.getpid()\nz = eval('1')"))
     assert reasons == [
-        "line 4: import of os is not allowed (allowed: __future__, dataclasses, functools, math, numpy, "
-        "tools.launch, torch, torch.nn, torch.nn.functional, triton, triton.language, "
-        "triton.language.extra.libdevice, triton.tools.tensor_descriptor, typing)",
+        "line 4: import of os is not allowed (allowed: __future__, contextlib, dataclasses, functools, math, numpy, "
+        "operator, packaging.version, tools.launch, torch, torch.autograd, torch.library, torch.nn, "
+        "torch.nn.functional, triton, triton.language, triton.language.extra.libdevice, triton.runtime, "
+        "triton.tools.tensor_descriptor, typing)",
         "line 5: torch.os reaches module os, which candidates may not use",
-        "line 6: eval is not allowed in a candidate",
+        "line 6: eval is not allowed in a candidate: write the code itself",
     ]
 
 
@@ -184,7 +215,9 @@ def test_a_syntax_error_is_raised_for_the_caller():
     (kernel("y = sum(x_ptr)"), "sum is not a parameter, local, kernel, module constant, Triton module or allowed "
                                "builtin"),
     (kernel("y = open('f')"), "inside @triton.jit kernel k: open is not a parameter"),
-    (kernel("y = partial(x_ptr)", before="from functools import partial"), "partial is imported functools.partial"),
+    (kernel("y = partial(x_ptr)", before="from functools import partial"),
+     "line 7: inside @triton.jit kernel k: partial is imported by `from functools import partial` (line 4), not a "
+     "Triton function: a kernel calls only tl.*, libdevice.* and @triton.jit functions"),
     (kernel("y = B.bit_length()", before="B = 3"), "B.bit_length: only Triton modules and values have attributes"),
     (kernel("y = '{0}'.format(x_ptr)"), ".format is not an attribute of Triton values"),
     (kernel("x_ptr.dtype = 1"), "assigning to an attribute is not allowed"),

@@ -1,11 +1,13 @@
 """The rules of the game, checked on a candidate's source before it runs anywhere.
 
-A candidate may import torch, triton, math, numpy (for launch scalars) and kloop's PTX helper, and write kernels.
+A candidate may import torch, triton, math, numpy (for launch scalars) and kloop's PTX helper, and write kernels
+as the public writes them (the Triton tutorials, Liger-Kernel, Unsloth: libdevice functions imported by name,
+Triton functions under names of its own, triton.jit applied as a call, autograd.Function launch wrappers).
 `check_source` is early, readable feedback, not the security boundary (the sandbox and the trusted executor are):
 every attribute chain rooted at an import is resolved against the real modules in this trusted process, step by
 step and without calling anything, so no module is reached through another; PyTorch's dispatch machinery, side
-streams, file I/O and fallbacks to PyTorch when a kernel fails are refused. Each broken rule is one reason; any
-reason makes the verdict `rejected`.
+streams, file I/O and fallbacks to PyTorch when a kernel fails are refused. Each broken rule is one reason, which
+says what was written and what to write instead; any reason makes the verdict `rejected`.
 
 The exception is a `@triton.jit` body: under the CPU interpreter the trusted executor runs it as Python, so the
 Triton-language subset that `check_jit_function` enforces (and `check_source` on every kernel of a candidate) IS
@@ -27,7 +29,7 @@ from functools import cache
 ALLOWED_IMPORTS = {
     "torch", "torch.nn", "torch.nn.functional", "triton", "triton.language", "triton.language.extra.libdevice",
     "triton.tools.tensor_descriptor", "math", "numpy", "typing", "functools", "dataclasses", "tools.launch",
-    "__future__",
+    "__future__", "contextlib", "operator", "packaging.version", "triton.runtime", "torch.autograd", "torch.library",
 }
 # Dotted prefixes off limits (an entry ending in "_" matches every name it begins): PyTorch's dispatch, compiler and
 # autograd machinery, RNG state, files, and streams, events and graphs the timer on the current stream cannot see.
@@ -46,30 +48,62 @@ FORBIDDEN_ATTRS = (
 # numpy is there for launch scalars (np.int32(n)) only: its compute would escape the op recorder on CPU tensors.
 NUMPY_SCALARS = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
                  "float64", "intp", "uintp", "dtype", "bool_"}
-# Modules whose members are allow-listed. functools.update_wrapper/wraps can rewrite any module's __dict__.
+# Modules whose members are allow-listed. functools.update_wrapper can rewrite any module's __dict__: functools.wraps
+# only decorates a def, with no assigned= or updated= (`_wraps_ok`). torch.autograd and torch.library stay off limits
+# but for what public Triton launches through: autograd.Function wrappers (Liger-Kernel) and Triton custom ops; their
+# forward is recorded like any other (torch compute in it refuses the plan). triton.runtime only for its driver
+# (the tutorials' `DEVICE = triton.runtime.driver.active.get_active_torch_device()`).
 MEMBERS = {
     "numpy": NUMPY_SCALARS,
-    "functools": {"partial", "lru_cache", "cache", "reduce", "cached_property", "cmp_to_key", "total_ordering"},
+    "functools": {"partial", "lru_cache", "cache", "reduce", "cached_property", "cmp_to_key", "total_ordering",
+                  "wraps"},
     "dataclasses": {"dataclass", "field", "fields", "asdict", "astuple", "replace", "InitVar", "KW_ONLY"},
+    "contextlib": {"contextmanager", "nullcontext"},
+    # version checks (compare_version(..., operator.ge, "3.0.0")); attrgetter and methodcaller would be getattr
+    "operator": {"lt", "le", "eq", "ne", "ge", "gt", "add", "sub", "mul", "truediv", "floordiv", "mod", "neg",
+                 "index", "itemgetter", "not_"},
+    "packaging": {"version"},
+    "packaging.version": {"Version", "parse"},
+    # torch.distributed.tensor (DTensor checks and layouts before a launch, as Liger writes them); collectives and
+    # process groups stay off limits
+    "torch.distributed": {"tensor", "is_available", "is_initialized"},
     "tools.launch": {"PtxKernel", "NoGpuError"},
     "triton": {"jit", "autotune", "heuristics", "Config", "cdiv", "next_power_of_2", "language", "tools",
                "set_allocator", "reinterpret", "TensorWrapper", "TritonError", "CompilationError", "OutOfResources",
-               "InterpreterError"},
+               "InterpreterError", "runtime"},
+    "triton.runtime": {"driver"},
+    "torch.autograd": {"Function", "function"},
+    "torch.autograd.function": {"Function", "FunctionCtx", "once_differentiable"},
+    "torch.library": {"triton_op", "wrap_triton"},
     "triton.tools.tensor_descriptor": {"TensorDescriptor"},
     # Packages a candidate only passes through, on the way to the allowed module inside.
     "tools": {"launch"},
     "triton.tools": {"tensor_descriptor"},
 }
-TRANSIT = {"tools", "triton.tools"}
+TRANSIT = {"tools", "triton.tools", "packaging"}
+# What the tutorials ask Triton's driver (the device, its target and properties); its launchers and binary loaders
+# stay out of reach (a launch made past Triton's launcher is never recorded, so the replay never runs it).
+DRIVER_PATHS = {"active", "active.utils", "active.get_active_torch_device", "active.get_current_target",
+                "active.get_current_device", "active.utils.get_device_properties", "active.get_device_interface"}
 # Where a function, class or object reached through an allowed module may come from (restricted modules are
 # checked member by member, by identity).
 TRUSTED_ORIGINS = {"torch", "triton", "math", "typing", "__future__"}
 RESTRICTED_ORIGINS = {"numpy": "numpy", "functools": "functools", "_functools": "functools",
-                      "dataclasses": "dataclasses", "tools": "tools.launch"}
+                      "dataclasses": "dataclasses", "tools": "tools.launch", "contextlib": "contextlib",
+                      "operator": "operator", "_operator": "operator", "packaging": "packaging.version"}
 FORBIDDEN_NAMES = {
     "eval", "exec", "compile", "__import__", "open", "globals", "locals", "vars", "setattr", "delattr",
     "getattr", "breakpoint", "input", "memoryview", "__builtins__", "__loader__", "__spec__",
 }
+# What to write instead, for the builtins that would reach past the checks.
+INSTEAD = {"getattr": "name the attribute, as in torch.cuda.device(x.device); getattr is accepted with a literal "
+                      "name, and as getattr(torch, device.type[, default])",
+           "setattr": "assign the attribute by name", "delattr": "delete nothing of another module's",
+           "open": "a kernel's data comes from its inputs and parameters",
+           "eval": "write the code itself", "exec": "write the code itself", "compile": "write the code itself",
+           "__import__": "import at the top of the module"}
+IMPORT_INSTEAD = {"importlib": "it imports any module by a name known only at run time: for a version check write "
+                              "packaging.version.Version(triton.__version__) >= packaging.version.Version(\"3.0\")"}
 # Builtins a module-level constant may be computed with (float("-inf"), int(1e6), min(64, 2 ** 7)).
 NUMERIC_BUILTINS = {"float", "int", "abs", "min", "max", "round", "pow"}
 # Methods that pull tensor values into Python or numpy, where the answer could be computed unseen.
@@ -109,8 +143,31 @@ class _Submodule:
 
 # -- policy ----------------------------------------------------------------------------------------------------------
 def _off_limits(path: str) -> bool:
+    if _restricted_module(path) is not None:
+        return False  # a module with listed members (torch.autograd) or inside one of them: MEMBERS decides
     return any(path == p or path.startswith(p + ".") or (p.endswith("_") and path.startswith(p))
                for p in FORBIDDEN_ATTRS)
+
+
+def _restricted_module(path: str) -> str | None:
+    """The module of MEMBERS that path is, or whose listed member path is or lies inside (torch.autograd.Function.apply
+    -> torch.autograd); None when there is none."""
+    parts = path.split(".")
+    for end in range(len(parts), 0, -1):
+        head = ".".join(parts[:end])
+        if head in MEMBERS and (end == len(parts) or parts[end] in MEMBERS[head]):
+            return head
+    return None
+
+
+def _listed_members(path: str) -> str:
+    """', from M candidates may use ...' for the restricted module an off-limits path lies in; '' when none."""
+    parts = path.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:end])
+        if head in MEMBERS:
+            return f" (from {head} candidates may use {', '.join(sorted(MEMBERS[head]))})"
+    return ""
 
 
 def _module_allowed(name: str) -> bool:
@@ -505,13 +562,15 @@ class _Checker(ast.NodeVisitor):
         self.bindings: dict[str, tuple[str, object]] = {}  # imported name -> (dotted name, object or None)
         self.has_model_new = False
         self._roots: set[int] = set()       # Name nodes that start an attribute chain
-        self._decorators: set[int] = set()  # expressions in decorator position
+        self._decorators: set[int] = set()  # expressions in decorator position, or applying Triton's as a call
+        self._exempt: set[int] = set()      # nodes of the accepted forms of wraps and getattr
         self._scopes: list[set[str]] = []   # names local to the functions being visited
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 self._import(node)
             elif isinstance(node, ast.ImportFrom):
                 self._import_from(node)
+        self._applications(tree)
         self._module_names(tree)
 
     def _flag(self, node: ast.AST, message: str) -> None:
@@ -525,7 +584,8 @@ class _Checker(ast.NodeVisitor):
         for alias in node.names:
             if not _module_allowed(alias.name):
                 allowed = ", ".join(sorted(ALLOWED_IMPORTS))
-                self._flag(node, f"import of {alias.name} is not allowed (allowed: {allowed})")
+                instead = f"; {IMPORT_INSTEAD[alias.name]}" if alias.name in IMPORT_INSTEAD else ""
+                self._flag(node, f"import of {alias.name} is not allowed (allowed: {allowed}){instead}")
             elif alias.asname:
                 self.bindings[alias.asname] = (alias.name, _import(alias.name))
             else:  # `import a.b` binds a, a package this walks through like any other
@@ -536,11 +596,12 @@ class _Checker(ast.NodeVisitor):
     def _import_from(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
         if node.level or not (_module_allowed(module) or module in TRANSIT):
-            return self._flag(node, f"import from {'.' * node.level}{module} is not allowed")
+            where = "a candidate is one module" if node.level else f"allowed: {', '.join(sorted(ALLOWED_IMPORTS))}"
+            return self._flag(node, f"import from {'.' * node.level}{module} is not allowed ({where})")
         parent = _import(module)
         for alias in node.names:
             if alias.name == "*":
-                self._flag(node, "star imports are not allowed")
+                self._flag(node, f"star imports are not allowed (name what you need: from {module} import ...)")
                 continue
             obj = self._walk(parent, module, [alias.name], node)
             self.bindings[alias.asname or alias.name] = (f"{module}.{alias.name}", obj)
@@ -556,7 +617,8 @@ class _Checker(ast.NodeVisitor):
             parent = obj
             shown, path = f"{shown}.{attr}", f"{path}.{attr}"
             if _off_limits(path):
-                self._flag(node, f"{shown} is off limits to candidates" + (f" ({path})" if path != shown else ""))
+                self._flag(node, f"{shown} is off limits to candidates" + (f" ({path})" if path != shown else "")
+                           + _listed_members(path))
                 return None
             if parent is None:
                 continue
@@ -564,7 +626,8 @@ class _Checker(ast.NodeVisitor):
             if isinstance(obj, (types.ModuleType, _Submodule)):
                 name = obj.name if isinstance(obj, _Submodule) else obj.__name__
                 if not (_module_allowed(name) or name in TRANSIT):
-                    self._flag(node, f"{shown} reaches module {name}, which candidates may not use")
+                    self._flag(node, f"{shown} reaches module {name}, which candidates may not use"
+                               + _listed_members(name))
                     return None
                 obj, path = _import(name), name
             reason = self._member_reason(parent, attr, obj, shown)
@@ -617,9 +680,74 @@ class _Checker(ast.NodeVisitor):
 
     # -- module-level names: constants and kernels -----------------------------------------------------------------
     def _is_kernel(self, node: ast.AST) -> bool:
-        return isinstance(node, ast.FunctionDef) and any(
+        return isinstance(node, ast.FunctionDef) and (id(node) in self._applied_defs or any(
             _is_triton_decorator(self._resolve(d.func if isinstance(d, ast.Call) else d), ("jit",))
-            for d in node.decorator_list)
+            for d in node.decorator_list))
+
+    def _applied_decorator(self, call: ast.Call) -> ast.AST | None:
+        """The Triton decorator `call` applies to its argument (triton.jit in `triton.jit(fn)`, triton.heuristics in
+        `triton.heuristics({...})(fn)`); None when it applies none."""
+        if call.args and _is_triton_decorator(self._resolve(call.func), ("jit",)):
+            return call.func
+        if isinstance(call.func, ast.Call) and _is_triton_decorator(self._resolve(call.func.func)):
+            return call.func.func
+        return None
+
+    def _applications(self, tree: ast.Module) -> None:
+        """Triton's decorators applied as calls, as the tutorials and Unsloth write them (`k = triton.jit(fn)`,
+        `fn = triton.heuristics({...})(triton.jit(fn))`). Module-level statements are followed in order, every
+        binding of a name kept (a def in either branch of an `if` may be the one bound): an application must reach
+        only defs of this module or kernels; a jit among its decorators makes those defs kernels, checked like
+        decorated ones. Applications elsewhere (in a function) see the module's final bindings."""
+        state: dict[str, list] = {name: ["other"] for node in ast.walk(tree) if isinstance(node, ast.Global)
+                                  for name in node.names}
+        self._applied_defs: set[int] = set()
+        handled: set[int] = set()
+
+        def kernel_item(item) -> bool:
+            return item == "kernel" or (isinstance(item, ast.FunctionDef) and self._is_kernel(item))
+
+        def apply(call: ast.Call) -> bool:
+            """Whether the application makes a kernel (flagging it when it applies to anything else)."""
+            chain, target = [], call
+            while isinstance(target, ast.Call) and self._applied_decorator(target) is not None:
+                chain.append(self._applied_decorator(target))
+                handled.add(id(target))
+                target = target.args[0] if len(target.args) == 1 or chain[-1] is target.func else None
+            self._decorators.update(id(d) for d in chain)
+            jit = any(_is_triton_decorator(self._resolve(d), ("jit",)) for d in chain)
+            shown = _dotted(chain[0]) or "a Triton decorator"
+            items = state.get(target.id, []) if isinstance(target, ast.Name) else []
+            if items and all(isinstance(i, ast.FunctionDef) or i == "kernel" for i in items):
+                if jit:
+                    self._applied_defs.update(id(i) for i in items if isinstance(i, ast.FunctionDef))
+                    return True
+                if all(kernel_item(i) for i in items):
+                    return True
+                self._flag(call, f"{shown} applied to {target.id}, a def that is not a @triton.jit kernel: apply "
+                                 f"triton.jit first ({shown}(...)(triton.jit({target.id})))")
+                return False
+            what = ast.unparse(target)[:60] if target is not None else "more than one argument"
+            self._flag(call, f"{shown} applied to {what}: Triton's decorators apply to a def of this module (write "
+                             "@triton.jit on the def, or triton.jit(name_of_the_def)), so that its body is checked")
+            return False
+
+        for stmt in _module_scope(tree.body):
+            value = getattr(stmt, "value", None)
+            made_kernel = False
+            if isinstance(value, ast.Call) and self._applied_decorator(value) is not None:
+                made_kernel = apply(value)
+            if isinstance(stmt, ast.FunctionDef):
+                state.setdefault(stmt.name, []).append(stmt)
+                continue
+            simple = isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            for name in _bound_names(stmt):
+                state.setdefault(name, []).append("kernel" if made_kernel and simple else "other")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and id(node) not in handled and self._applied_decorator(node) is not None:
+                apply(node)
+        self.jit_names = {name for name, items in state.items()
+                          if "kernel" in items and all(kernel_item(i) for i in items)}
 
     def _constant_expr(self, node: ast.AST, constants: set[str]) -> bool:
         """Literals, tuples and arithmetic of them, earlier constants, math's constants and functions and the
@@ -651,10 +779,47 @@ class _Checker(ast.NodeVisitor):
             return type(value).__module__ == "triton.language.core" and type(value).__name__ == "dtype"
         return False
 
+    def _bound_values(self, stmt: ast.stmt) -> dict[str, tuple[str, object]]:
+        """What a module-level statement binds each name to, as (what the candidate wrote, the object or None), for
+        `from m import f` and `f = <attribute chain>`; other statements bind their names to ('', None)."""
+        if isinstance(stmt, ast.ImportFrom) and not stmt.level:
+            parent = _import(stmt.module or "")
+            values = {}
+            for alias in stmt.names:
+                obj = _MISSING if parent is None else _step(parent, alias.name)
+                values[alias.asname or alias.name] = (f"from {stmt.module} import {alias.name}",
+                                                      None if obj is _MISSING or isinstance(obj, _Submodule) else obj)
+            return values
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
+                isinstance(stmt.value, (ast.Name, ast.Attribute)) and _dotted(stmt.value):
+            return {stmt.targets[0].id: (_dotted(stmt.value), self._resolve(stmt.value))}
+        return {name: ("", None) for name in _bound_names(stmt)}
+
+    def _triton_function(self, stmt: ast.stmt, written: str, obj) -> bool:
+        """A binding a kernel may call: a Triton function (tl.cast, a libdevice function), or a name of a
+        triton.language module that this Triton lacks (a fallback's other branch, tl.math.tanh of older Tritons:
+        it binds a Triton function or fails)."""
+        if isinstance(stmt, ast.FunctionDef):
+            return self._is_kernel(stmt)   # Unsloth's `@triton.jit def triton_cast` where tl.cast is missing
+        if isinstance(obj, types.ModuleType) or not written or written.split()[-1].rsplit(".", 1)[-1].startswith("_"):
+            return False
+        if obj is None:
+            module = (stmt.module or "") if isinstance(stmt, ast.ImportFrom) else \
+                self._canonical(written).rsplit(".", 1)[0]
+            return _jit_module_allowed(module) and (isinstance(stmt, ast.ImportFrom) or written.count(".") > 0)
+        return callable(obj) and _triton_language_object(obj)
+
     def _module_names(self, tree: ast.Module) -> None:
         constants: set[str] = set()
         bound: set[str] = set()
+        functions: dict[str, bool] = {}            # name -> every binding is a Triton function
+        first_other: dict[str, tuple[int, str]] = {}  # name -> (line, what) of its first binding that is not one
         for stmt in _module_scope(tree.body):
+            for name, (written, obj) in self._bound_values(stmt).items():
+                ok = self._triton_function(stmt, written, obj)
+                functions[name] = functions.get(name, True) and ok
+                if not ok and name not in first_other:
+                    first_other[name] = (stmt.lineno, written)
             names = _bound_names(stmt)
             simple = (isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets)) or \
                 (isinstance(stmt, ast.AnnAssign) and stmt.value is not None and isinstance(stmt.target, ast.Name))
@@ -667,14 +832,30 @@ class _Checker(ast.NodeVisitor):
         # a name some function rebinds through `global` is state, not a constant
         rebound = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
         self.constants = constants - rebound
-        self.kernels = {s.name for s in tree.body if self._is_kernel(s)}
+        self.kernels = {s.name for s in _module_scope(tree.body) if self._is_kernel(s)} | self.jit_names
         self.aliases = {name: obj.__name__ for name, (_, obj) in self.bindings.items()
                         if isinstance(obj, types.ModuleType)}
-        self.hints = {name: f"imported {dotted} (a kernel may name only the modules tl, triton and libdevice)"
-                      for name, (dotted, obj) in self.bindings.items() if name not in self.aliases}
-        self.hints.update({name: "a module-level object, not a constant (kernels read only literal constants)"
-                           for name in (bound | rebound) - self.constants - self.kernels - set(self.bindings)})
+        # Triton functions under names of the candidate's own (`from ...libdevice import rsqrt`, Liger's fallback
+        # chain of such imports, Unsloth's `triton_tanh = tl.math.tanh`): every binding of the name must be one
+        self.functions = {name for name, ok in functions.items() if ok} - rebound - set(self.aliases)
+        advice = ("a kernel calls only tl.*, libdevice.* and @triton.jit functions, and reads literal module "
+                  "constants; pass anything else as an argument")
+        self.hints = {}
+        for name in (bound | rebound | set(self.bindings)) - self.constants - self.kernels - self.functions - \
+                set(self.aliases):
+            line, written = first_other.get(name, (0, ""))
+            if written.startswith("from "):
+                self.hints[name] = f"imported by `{written}` (line {line}), not a Triton function: {advice}"
+            elif written and name not in rebound:
+                self.hints[name] = f"bound to {written} (line {line}), not a Triton function: {advice}"
+            else:
+                self.hints[name] = f"a module-level object, not a constant: {advice}"
         self.defined = bound | rebound | set(self.bindings) | set(dir(builtins))
+        self.module_bound = bound | rebound
+
+    def _builtin(self, name: str) -> bool:
+        """Whether a name, here, is Python's builtin of that name (not a def or local of the candidate's)."""
+        return name not in self.module_bound and not any(name in scope for scope in self._scopes)
 
     # -- visiting ----------------------------------------------------------------------------------------------------
     def visit_Import(self, node: ast.Import) -> None:
@@ -683,28 +864,67 @@ class _Checker(ast.NodeVisitor):
     visit_ImportFrom = visit_Import
 
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in FORBIDDEN_NAMES and not any(node.id in scope for scope in self._scopes):
+        if node.id in FORBIDDEN_NAMES and not any(node.id in scope for scope in self._scopes) and \
+                id(node) not in self._exempt:
             # the builtin; a function's own parameter or local of that name (forward(self, input)) is not it
-            self._flag(node, f"{node.id} is not allowed in a candidate")
+            instead = f": {INSTEAD[node.id]}" if node.id in INSTEAD else ""
+            self._flag(node, f"{node.id} is not allowed in a candidate{instead}")
         binding = self._binding(node.id)
         if id(node) not in self._roots and isinstance(node.ctx, ast.Load) and binding:
             self._check_value(node, *binding)
 
     def _check_value(self, node: ast.AST, dotted: str, obj) -> None:
-        """A module passed around as a value escapes the chain checks; triton.jit applied by hand skips the kernel
-        checks."""
+        """A module passed around as a value escapes the chain checks; triton.jit passed around skips the kernel
+        checks; functools.wraps with assigned= or updated= rewrites any object's attributes."""
+        if id(node) in self._exempt:
+            return
         if isinstance(obj, types.ModuleType):
             self._flag(node, f"module {dotted} used as a value (name its members instead)")
         elif _is_triton_decorator(obj) and id(node) not in self._decorators:
-            self._flag(node, f"{dotted} may only decorate a def (so the kernel's body is checked)")
+            self._flag(node, f"{dotted} used as a value: write @{dotted} on a def of this module, or "
+                             f"{dotted}(name_of_the_def) (so the kernel's body is checked)")
+        elif obj is _import("functools").wraps:
+            self._flag(node, f"{dotted} may only decorate a def, as @{dotted}(fn) with no other arguments "
+                             "(assigned= and updated= rewrite another object's attributes)")
+
+    def _mark_decorators(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
+        for decorator in node.decorator_list:
+            func = decorator.func if isinstance(decorator, ast.Call) else decorator
+            self._decorators.add(id(func))
+            if isinstance(decorator, ast.Call) and len(decorator.args) == 1 and not decorator.keywords and \
+                    self._resolve(func) is _import("functools").wraps:
+                self._exempt.add(id(func))   # @functools.wraps(fn): copies fn's name and docstring onto this def
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func, args = node.func, node.args
+        if not (isinstance(func, ast.Name) and self._builtin(func.id)):
+            return self.generic_visit(node)
+        if func.id == "hasattr" and args:
+            self._exempt.add(id(args[0]))   # hasattr(torch, "npu") answers a bool: the module goes nowhere
+        if not (func.id == "getattr" and len(args) in (2, 3) and not node.keywords):
+            return self.generic_visit(node)
+        name = args[1].value if isinstance(args[1], ast.Constant) else None
+        if isinstance(name, str) and name.isidentifier() and not name.startswith("_"):
+            # getattr(torch.npu, "amp", None) is torch.npu.amp, checked as that chain
+            self._exempt.add(id(func))
+            self.visit(ast.copy_location(ast.Attribute(value=args[0], attr=name, ctx=ast.Load()), node))
+            for default in args[2:]:
+                self.visit(default)
+            return None
+        if isinstance(args[0], ast.Name) and (self._binding(args[0].id) or ("", None))[1] is _import("torch") \
+                and isinstance(args[1], ast.Attribute) and args[1].attr == "type":
+            # getattr(torch, device.type): Liger's device_context picks torch.cuda / torch.xpu by the device's type
+            self._exempt.update((id(func), id(args[0])))
+        return self.generic_visit(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         links, base = _chain(node)
         for link in links:
-            if link.attr.startswith("__") and link.attr not in {"__init__", "__name__"}:
+            if link.attr.startswith("__") and link.attr not in {"__init__", "__name__", "__version__"}:
                 self._flag(link, f"dunder attribute {link.attr} is not allowed (no reaching into objects' internals)")
             if link.attr in VALUE_ESCAPES:
-                self._flag(link, f".{link.attr} moves tensor values out of the kernel's reach; not allowed")
+                self._flag(link, f".{link.attr} moves tensor values out of the kernel's reach; not allowed (compute "
+                                 "with the values in a kernel)")
         if not isinstance(base, ast.Name):
             self.visit(base)
             return
@@ -713,23 +933,27 @@ class _Checker(ast.NodeVisitor):
         binding = self._binding(base.id)
         if binding:
             dotted, obj = binding
+            path = self._canonical(_dotted(node) or "")
+            if path.startswith("triton.runtime.driver.") and path[len("triton.runtime.driver."):] not in DRIVER_PATHS:
+                calls = ", ".join(f"triton.runtime.driver.{c}()" for c in sorted(DRIVER_PATHS) if "get_" in c)
+                self._flag(node, f"{_dotted(node)} is not for candidates (they may call {calls})")
+                return
             final = self._walk(obj, dotted, [link.attr for link in links], node)
             if final is not None and isinstance(node.ctx, ast.Load):
                 self._check_value(node, f"{dotted}.{'.'.join(link.attr for link in links)}", final)
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        for decorator in node.decorator_list:
-            self._decorators.add(id(decorator.func if isinstance(decorator, ast.Call) else decorator))
+        self._mark_decorators(node)
         if not self._is_kernel(node):
             self._in_scope(node)
             return
         for decorator in node.decorator_list:  # host code (autotune configs, heuristics), not the kernel
             self.visit(decorator)
-        self.reasons += _Kernel(node, self.constants, self.kernels, self.aliases, self.hints, self.defined).run()
+        self.reasons += _Kernel(node, self.constants, self.kernels | self.functions, self.aliases, self.hints,
+                                self.defined).run()
 
     def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
-        for decorator in node.decorator_list:
-            self._decorators.add(id(decorator.func if isinstance(decorator, ast.Call) else decorator))
+        self._mark_decorators(node)
         self._in_scope(node)
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
@@ -753,8 +977,7 @@ class _Checker(ast.NodeVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         if node.name == "ModelNew":
             self.has_model_new = True
-        for decorator in node.decorator_list:
-            self._decorators.add(id(decorator.func if isinstance(decorator, ast.Call) else decorator))
+        self._mark_decorators(node)
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -786,7 +1009,8 @@ class _Checker(ast.NodeVisitor):
                 root = root.value
             if isinstance(root, ast.Name) and self._binding(root.id):
                 shown = _dotted(target) or _dotted(target.value) or root.id
-                self._flag(target, f"assigning to {shown} patches an imported module")
+                self._flag(target, f"assigning to {shown} patches an imported module (keep state in names of your "
+                                   "own module)")
 
     def visit_Try(self, node: ast.Try) -> None:
         for handler in node.handlers:
@@ -796,7 +1020,8 @@ class _Checker(ast.NodeVisitor):
                     full = self._canonical(name) if name else ""
                     leaf = full.rsplit(".", 1)[-1]
                     if (full.startswith(("torch.", "F.")) or "functional" in full) and leaf not in ALLOCATION_CALLS:
-                        self._flag(inner, f"fallback to PyTorch ({full}) in an except handler")
+                        self._flag(inner, f"fallback to PyTorch ({full}) in an except handler (let the error "
+                                          "surface, or fall back to another kernel)")
         self.generic_visit(node)
 
     visit_TryStar = visit_Try
