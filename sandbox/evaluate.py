@@ -1120,7 +1120,9 @@ class Evaluation:
         return i if 0 < i != self.weights_index else None
 
     def _shape_name(self, i: int) -> str:
-        return "main shape, its parameters drawn at random" if i == self.weights_index else "main shape"
+        if i == self.weights_index:
+            return "main shape, its parameters drawn at random"
+        return f"hidden variant {i}" if i else "main shape"
 
     def _referee_shape(self, i: int) -> None:
         self._ref(600, "shape", **self._shape_command(i))
