@@ -523,7 +523,7 @@ class Evaluation:
                 self._output_cut = self.planner.output_sizes()
             perturb = {"perturb": self._seed("weights")} if i == self.weights_index else {}
             reply = self._call(self.planner, self.settings.load_timeout_s, "build", shape=i, overrides=shape,
-                               seed=self._seed("plan", i), **perturb)
+                               seed=self._seed("plan", i), python_s=self._run_timeout(), **perturb)
             if perturb and reply.get("status") == "ok":
                 self.matched = list(reply.get("matched") or [])
                 self.shape_keys[i] = f"{self.shape_keys[0]}:weights:" + hashlib.sha256(
@@ -1079,10 +1079,10 @@ class Evaluation:
             known = self.device.inputs_s[shape_key] = time.perf_counter() - began
         return self._run_timeout() + 10 + 20 * known
 
-    def _call(self, child, timeout_s: float, cmd: str, **kwargs) -> dict:
+    def _call(self, child, timeout_s: float, cmd: str, python_s: float | None = None, **kwargs) -> dict:
         started = time.perf_counter()
         try:
-            return child.call(timeout_s, cmd=cmd, **kwargs)
+            return child.call(timeout_s, **({} if python_s is None else {"python_s": python_s}), cmd=cmd, **kwargs)
         except ChildTimeout as e:
             return {"status": "timeout", "message": f"{cmd}: {e}; the process and everything it started were killed"}
         except ChildDied as e:

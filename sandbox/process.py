@@ -104,6 +104,32 @@ def clean_env(workdir: Path, cuda: bool) -> dict:
     return env
 
 
+class PythonClock:
+    """How long a planner's forward ran its own Python: the planner says when forward starts and when Triton's
+    compiler or autotuner (or ptxas) starts and stops, and only the time between, outside them, counts. A `while
+    True:` in forward then costs the hang limit, not the whole load limit; a candidate that fakes the lines gains
+    nothing over that (the call's own limit still holds)."""
+
+    EVENTS = ("forward", "compiling", "compiled")
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s, self.spent = limit_s, 0.0
+        self.since: float | None = None   # when the Python now running began to count (None: not counting)
+        self.started = self.compiling = False
+
+    def note(self, event: str) -> None:
+        now = time.monotonic()
+        if self.since is not None:
+            self.spent += now - self.since
+        self.started = self.started or event == "forward"
+        self.compiling = event == "compiling" or (self.compiling and event == "forward")
+        self.since = now if self.started and not self.compiling else None
+
+    def left(self) -> float:
+        running = 0.0 if self.since is None else time.monotonic() - self.since
+        return self.limit_s - self.spent - running
+
+
 class Child:
     """A started program; `call` sends one command and waits for its reply within a deadline."""
 
@@ -145,40 +171,55 @@ class Child:
             self.ready = self._read_reply(timeout_s)
         return self.ready
 
-    def call(self, timeout_s: float, **cmd) -> dict:
+    def call(self, timeout_s: float, python_s: float | None = None, **cmd) -> dict:
+        """Send a command and wait for its reply, at most timeout_s. python_s: the child's own Python may run at most
+        this long of it (see PythonClock); the rest is its compiler's."""
         self.wait_ready()
         try:
             self.proc.stdin.write(json.dumps(cmd) + "\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise ChildDied(self._death_detail()) from None
-        return self._read_reply(timeout_s)
+        return self._read_reply(timeout_s, PythonClock(python_s) if python_s is not None else None)
 
-    def _read_reply(self, timeout_s: float) -> dict:
+    def _read_reply(self, timeout_s: float, clock: "PythonClock | None" = None) -> dict:
         deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
-            if len(self._buffer) > MAX_REPLY:
+        while True:
+            while b"\n" not in self._buffer:
+                if len(self._buffer) > MAX_REPLY:
+                    self.kill()
+                    raise ChildDied(f"the reply was longer than {MAX_REPLY} bytes")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    raise ChildTimeout(f"no answer within {timeout_s:.0f} s")
+                if clock is not None and clock.left() <= 0:
+                    self.kill()
+                    raise ChildTimeout(f"forward ran its own Python for over {clock.limit_s:.0f} s (Triton's "
+                                       "compiling and autotuning not counted)")
+                wait = min(left, 1.0) if clock is None else min(left, 1.0, max(clock.left(), 0.01))
+                ready, _, _ = select.select([self._replies], [], [], wait)
+                if ready:
+                    chunk = self._replies.read(1 << 16)
+                    if not chunk:
+                        try:
+                            self.proc.wait(timeout=10)
+                        except subprocess.TimeoutExpired:
+                            self.kill()
+                        raise ChildDied(self._death_detail())
+                    self._buffer += chunk
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            try:
+                reply = json.loads(line)
+            except (ValueError, RecursionError):
+                reply = None
+            if not (isinstance(reply, dict) and reply.get("status") == "progress"):
+                break
+            if set(reply) - {"status", "progress"} or reply.get("progress") not in PythonClock.EVENTS:
                 self.kill()
-                raise ChildDied(f"the reply was longer than {MAX_REPLY} bytes")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                raise ChildTimeout(f"no answer within {timeout_s:.0f} s")
-            ready, _, _ = select.select([self._replies], [], [], min(left, 1.0))
-            if ready:
-                chunk = self._replies.read(1 << 16)
-                if not chunk:
-                    try:
-                        self.proc.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        self.kill()
-                    raise ChildDied(self._death_detail())
-                self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        try:
-            reply = json.loads(line)
-        except (ValueError, RecursionError):
-            reply = None
+                raise ChildDied("the process broke the protocol: a progress line it may not give")
+            if clock is not None:
+                clock.note(reply["progress"])
         if not isinstance(reply, dict) or reply.get("status") not in self.statuses or \
                 not isinstance(reply.get("message", ""), str) or (self.isolation is not None and any(
                     key not in ("status", "message") and not JAILED_FIELDS.get(key, lambda v: False)(value)

@@ -153,3 +153,30 @@ def test_the_weights_draw_is_the_same_for_a_candidate_that_holds_the_parameters_
     torch.manual_seed(0)
     fresh = Reference()
     assert sorted(weights.perturb_reference(fresh, 5, [])) == ["ln.bias", "ln.weight"]
+
+
+def test_python_that_never_returns_costs_the_hang_limit_not_the_load_limit(session):
+    import time
+
+    start = time.monotonic()
+    r = evaluate(load_target(str(HERE / "targets" / "tiny_add.py")), (HERE / "candidates" / "hang.py").read_text(),
+                 EvalSettings(baselines=("eager",), run_timeout_s=3, hang_timeout_s=3), session)
+    assert r.verdict == "timeout" and "ran its own Python for over 3 s" in r.reasons[0], r.reasons
+    assert time.monotonic() - start < 60                  # the load limit (300 s) never came into it
+
+
+def test_the_python_clock_counts_only_forwards_own_python():
+    from sandbox.process import PythonClock
+
+    clock = PythonClock(10.0)
+    clock.note("compiling")                              # before forward: nothing counts
+    clock.note("compiled")
+    assert clock.left() == 10.0
+    clock.note("forward")
+    clock.since -= 4                                     # 4 s of forward's own Python
+    clock.note("compiling")
+    clock.spent += 0                                     # compiling: paused
+    assert 5.9 < clock.left() <= 6.0
+    clock.note("compiled")
+    clock.since -= 7
+    assert clock.left() < 0
