@@ -21,6 +21,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sandbox import plan as planfmt
+from tools.inputs import DEVICE   # the real device, taken before the CPU planner answers CUDA probes as a GPU
 
 ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 ZERO_OPS = {"zeros", "zeros_like", "new_zeros"}
@@ -194,8 +195,9 @@ class Recorder(TorchDispatchMode):
         if value is None:
             return {"ref": None}
         if isinstance(value, torch.Tensor):
-            if value.device.type != _device().type:
-                raise PlanRefused("runtime_error", f"a kernel argument is a {value.device.type} tensor")
+            where = value.untyped_storage().device   # not value.device, which the CPU planner makes answer cuda
+            if where.type != DEVICE.type:
+                raise PlanRefused("runtime_error", f"a kernel argument is a {where.type} tensor")
             with self.bookkeeping():
                 ref, offset = self.buffers.ref_of(value)
             return {"ref": list(ref.key()), "offset": offset, "dtype": _dtype_name(value.dtype)}
@@ -440,7 +442,7 @@ def install() -> None:
     def timed_config(self, *args, **kwargs):
         if HOOKS.recorder is not None:
             HOOKS.recorder.autotuned = True
-        if not torch.cuda.is_available():  # the interpreter has nothing to time with: every config ties, first wins
+        if DEVICE.type == "cpu":  # the interpreter has nothing to time with: every config ties, first wins
             return [1.0, 1.0, 1.0]
         saved, HOOKS.benchmarking = HOOKS.benchmarking, True
         try:
@@ -474,10 +476,6 @@ _NUMPY_TYPES = {"int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "u
                 "bool": "i1"}
 def _triton_elem(ty: str) -> str:
     return planfmt.TRITON_DTYPES.get(ty.lstrip("*k"), "uint8")
-
-
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _grid3(grid) -> list[int]:
@@ -543,6 +541,8 @@ def _interpreted_kernel(python_fn) -> dict:
         local = {a.arg for node in ast.walk(tree) if isinstance(node, ast.arguments)
                  for a in node.args + node.kwonlyargs + node.posonlyargs}
         local |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        defaults = [d for d in tree.args.defaults + tree.args.kw_defaults if d is not None]
+        in_defaults = {n.id for d in defaults for n in ast.walk(d) if isinstance(n, ast.Name)}
         for node in ast.walk(tree):
             if not isinstance(node, ast.Name) or node.id in local:
                 continue
@@ -562,6 +562,12 @@ def _interpreted_kernel(python_fn) -> dict:
                                       "may only use triton, triton.language and libdevice")
                 aliases[node.id] = module
             elif node.id not in ("range", "min", "max", "len", "int", "float", "bool", "print", "abs"):
+                if node.id not in in_defaults and not _constexpr_global(value):
+                    # Triton's compiler refuses these (a module-level list a kernel could mutate, a plain int):
+                    # the interpreter would read them, so the CPU refuses them as the GPU does.
+                    raise PlanRefused("compile_error", f"kernel {fn.__name__}: cannot access global variable "
+                                      f"{node.id} (a {type(value).__name__}): a Triton kernel reads only globals "
+                                      f"made constexpr ({node.id} = tl.constexpr(...))")
                 literal = _json_value(value)
                 if isinstance(literal, str) and literal == repr(value)[:200] and not isinstance(value, str):
                     raise PlanRefused("rejected", f"kernel {fn.__name__} reads global {node.id}, a "
@@ -570,3 +576,11 @@ def _interpreted_kernel(python_fn) -> dict:
     names = list(inspect.signature(python_fn).parameters)
     return {"kind": "interpreted", "name": python_fn.__name__, "functions": functions, "constants": constants,
             "aliases": aliases, "arg_names": names, "source": functions[python_fn.__name__]}
+
+
+def _constexpr_global(value) -> bool:
+    """Whether Triton's compiler lets a kernel read this module global (CodeGenerator's global lookup)."""
+    import triton.language as tl
+
+    return isinstance(value, (tl.constexpr, tl.dtype)) or getattr(value, "__triton_builtin__", False) or \
+        getattr(value, "__module__", "").startswith("triton.language")
