@@ -1,0 +1,173 @@
+"""The CPU path judges as a GPU would: the planner answers CUDA probes as an H100 (sandbox/cuda_probes.py), the
+interpreter executor computes as compiled Triton (sandbox/libdevice_cpu.py: fp32 scalars, bf16, tf32 dots, typed
+comparisons, fast math with the GPU's error), and the recorder refuses the globals Triton's compiler refuses.
+Each end-to-end pair (an honest kernel credited, a cheat refused) is in tests/test_evaluator.py; these are the
+parts, fast. Scripts that patch torch or Triton run in a process of their own."""
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import triton.language as tl
+from triton.runtime.interpreter import TensorHandle
+
+from sandbox import libdevice_cpu
+from sandbox.record import PlanRefused, _interpreted_kernel
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# One process for both (each start imports torch and Triton: seconds on a shared machine); it patches both.
+SCRIPT = """import numpy as np, torch, triton, triton.language as tl
+from sandbox import cuda_probes
+from sandbox.libdevice_cpu import fp32_scalar, gpu_numerics
+
+cuda_probes.install()
+x = torch.randn(4)
+y = torch.empty(4, device="cuda")
+print(x.is_cuda, x.is_cpu, x.device, x.get_device(), x.device == triton.runtime.driver.active.get_active_torch_device())
+print(y.untyped_storage().device, x.cuda() is x, x.to("cuda").untyped_storage().device, torch.zeros(2, device=0).device)
+print(torch.cuda.is_available(), torch.cuda.current_device(), torch.cuda.get_device_capability(),
+      torch.cuda.get_device_properties(x.device).multi_processor_count,
+      triton.runtime.driver.active.utils.get_device_properties(0)["multiprocessor_count"])
+with torch.cuda.device(x.device.index):
+    print(torch.empty(2, device="meta").device, torch.empty(2, device="meta").is_cuda)
+
+gpu_numerics()
+
+@triton.jit
+def bf16_ops(x_ptr, y_ptr, out_ptr, stats_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.load(y_ptr + offs)
+    tl.store(out_ptr + offs, x * y + x)
+    tl.store(stats_ptr, tl.max(x, 0))
+    tl.store(stats_ptr + 1, tl.min(x, 0))
+    tl.store(stats_ptr + 2, (x > y).to(tl.int32).to(tl.bfloat16).sum(0))
+
+@triton.jit
+def rows(x_ptr, out_ptr, n_rows, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = (row < n_rows) & (cols < n_cols)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * n_cols + cols, (x + eps.to(tl.float32)).to(tl.bfloat16), mask=mask)
+
+@triton.jit
+def dot(a_ptr, b_ptr, c_ptr, M: tl.constexpr):
+    r = tl.arange(0, M)
+    tile = r[:, None] * M + r[None, :]
+    tl.store(c_ptr + tile, tl.dot(tl.load(a_ptr + tile), tl.load(b_ptr + tile)))
+
+torch.manual_seed(0)
+x, y = torch.randn(64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+out, stats = torch.empty_like(x), torch.empty(3, dtype=torch.bfloat16)
+bf16_ops[(1,)](x, y, out, stats, BLOCK=64)
+print(torch.equal(out, x * y + x), stats.tolist() == [x.max().item(), x.min().item(), float((x > y).sum())])
+a, o = torch.randn(3, 10), torch.empty(3, 10, dtype=torch.bfloat16)
+rows[(3,)](a, o, 3, 10, fp32_scalar(0.1), BLOCK=16)
+print(torch.equal(o, (a + torch.tensor(0.1, dtype=torch.float32)).bfloat16()))
+for dtype in (torch.bfloat16, torch.float32):
+    a, b, c = torch.randn(16, 16, dtype=dtype), torch.randn(16, 16, dtype=dtype), torch.empty(16, 16)
+    dot[(1,)](a, b, c, M=16)
+    cut = lambda t: (t.float().view(torch.int32) & -8192).view(torch.float32) if dtype == torch.float32 else t.float()
+    print(dtype, (c.double() - cut(a).double() @ cut(b).double()).abs().max().item() < 1e-4,
+          (c.double() - a.double() @ b.double()).abs().max().item() > 1e-3)
+"""
+
+
+@pytest.fixture(scope="module")
+def printed(tmp_path_factory) -> list[str]:
+    path = tmp_path_factory.mktemp("parity") / "script.py"
+    path.write_text(SCRIPT)   # Triton's interpreter reads a kernel's source from its file
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    return done.stdout.split("\n")
+
+
+def test_cuda_probes_answer_as_one_h100_and_allocations_stay_on_the_cpu(printed):
+    assert printed[:4] == ["True False cuda:0 0 True", "cpu True cpu cuda:0", "True 0 (9, 0) 132 132", "meta False"]
+
+
+def test_the_interpreter_computes_as_compiled_triton(printed):
+    """bf16 values, not bit patterns; fp32 scalars; a scalar & block mask; bf16 dots exact in fp32, fp32 dots at
+    tf32 (the low 13 mantissa bits dropped)."""
+    assert printed[4:9] == ["True True", "True", "torch.bfloat16 True False", "torch.float32 True True", ""]
+
+
+def _fast(name, *xs):
+    args = [tl.tensor(TensorHandle(np.asarray(x, dtype=np.float32), tl.float32), tl.float32) for x in xs]
+    return getattr(libdevice_cpu, name)(*args).handle.data.astype(np.float64)
+
+
+def _ulps(got, exact):
+    return np.abs(got - exact) / np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)
+
+
+def test_fast_math_has_the_gpus_error_not_none():
+    """CUDA's documented bounds: __expf 2 + floor(|1.16 x|) ulp, __sinf 2^-21.41 absolute on [-pi, pi], tanh.approx
+    2^-10.987 relative; exact results would let a kernel that leans on the GPU's error pass on the CPU."""
+    x = np.linspace(-20, 20, 4001, dtype=np.float32)
+    ulps = _ulps(_fast("fast_expf", x), np.exp(x.astype(np.float64)))
+    assert (ulps <= 2 + np.floor(np.abs(1.16 * x))).all() and ulps.max() > 4
+    small = np.linspace(-math.pi, math.pi, 4001, dtype=np.float32)
+    sin_error = np.abs(_fast("fast_sinf", small) - np.sin(small.astype(np.float64)))
+    assert sin_error.max() <= 2**-20.9 and sin_error.max() > 2**-24
+    big = np.float32([12345.678, -30000.5])   # the argument, in turns, keeps only fp32's bits: off by ~1e-3
+    assert np.abs(_fast("fast_sinf", big) - np.sin(big.astype(np.float64))).max() > 1e-4
+    nonzero = x[x != 0]
+    tanh_error = np.abs(_fast("fast_tanhf", nonzero) / np.tanh(nonzero.astype(np.float64)) - 1)
+    assert tanh_error.max() <= 2**-10.98 and tanh_error.max() > 2**-13
+    quotients = _fast("fast_dividef", np.float32([1.0, 14.0, 1.0]), np.float32([3.0, -7.0, 2.0**127]))
+    assert _ulps(quotients[:2], np.float64([1 / 3, -2.0])).max() <= 2 and quotients[2] == 0   # 0 past 2^126
+    assert _ulps(_fast("fast_logf", np.float32([0.75, 5.0, 1e6])), np.log([0.75, 5.0, 1e6])).max() < 8
+
+
+def test_bf16_libdevice_calls_compute_on_values():
+    bits = np.array([0xBF80, 0x4000], dtype=np.uint16)   # -1.0, 2.0 in bf16
+    x = tl.tensor(TensorHandle(bits, tl.bfloat16), tl.bfloat16)
+    out = libdevice_cpu.abs(x).handle.data
+    assert out.dtype == np.uint16 and out.tolist() == [0x3F80, 0x4000]
+
+
+LIMIT = 4
+LIMIT_CONSTEXPR = tl.constexpr(4)
+CALLS = [0]
+
+
+def reads_plain_global(x_ptr):
+    return x_ptr + LIMIT
+
+
+def mutates_global_list(x_ptr):
+    CALLS[0] = CALLS[0] + 1
+
+
+def reads_constexpr_globals(x_ptr, n=LIMIT):
+    return x_ptr + LIMIT_CONSTEXPR + n + tl.float32.primitive_bitwidth
+
+
+@pytest.mark.parametrize("fn, name", [(reads_plain_global, "LIMIT (a int)"), (mutates_global_list, "CALLS (a list)")])
+def test_a_kernel_reads_only_the_globals_tritons_compiler_lets_it(fn, name):
+    with pytest.raises(PlanRefused) as refused:
+        _interpreted_kernel(fn)
+    assert refused.value.status == "compile_error" and f"cannot access global variable {name}" in str(refused.value)
+    # a tl.constexpr global, a dtype's module and a global in a parameter's default (as Triton allows) travel
+    assert _interpreted_kernel(reads_constexpr_globals)["constants"] == {"LIMIT_CONSTEXPR": 4, "LIMIT": 4}
+
+
+def test_a_bare_assert_names_its_line_and_a_gpu_only_failure_says_so(tmp_path):
+    from sandbox.planner import _said
+
+    (tmp_path / "candidate.py").write_text("def forward(x):\n    assert x > 1\n")
+    namespace = {}
+    exec(compile((tmp_path / "candidate.py").read_text(), str(tmp_path / "candidate.py"), "exec"), namespace)
+    with pytest.raises(AssertionError) as failed:
+        namespace["forward"](0)
+    assert _said(failed.value) == "AssertionError: `assert x > 1` failed (candidate line 2)"
+    gpu_only = _said(RuntimeError("Torch not compiled with CUDA enabled"))
+    assert gpu_only.endswith("(planned under Triton's CPU interpreter, which cannot run this: it needs a GPU)")
