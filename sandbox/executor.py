@@ -442,9 +442,9 @@ class Executor:
             count = max(0, (buffer.numel() - a.offset) // itemsize)
             return view(buffer, a.offset - a.offset % itemsize, a.dtype, [count], [1])
         if isinstance(a, planfmt.Scalar):
-            from sandbox.libdevice_cpu import fp32_scalar
+            from sandbox.libdevice_cpu import scalar_argument
 
-            return fp32_scalar(a.value) if a.type == "fp32" else a.value
+            return scalar_argument(a.value, a.type)
         if isinstance(a, planfmt.Constexpr):
             if isinstance(a.value, str) and a.value.startswith(planfmt.JIT_CONSTEXPR):  # a rebuilt, checked function
                 fn = kernel.fn.__globals__.get(a.value[len(planfmt.JIT_CONSTEXPR):])

@@ -13,7 +13,8 @@ bf16 arithmetic, comparisons, reductions and `tl.dot` on bf16 operate on raw bit
 #5424): they compute in fp32 and round to bf16 as the GPU's bf16 instructions do; an fp32 `tl.dot` at Triton's
 default input precision (tf32) drops the operands' low 13 mantissa bits as the tensor cores do; a comparison of
 scalars is typed int1, so a mask that combines it with a block test loads. `fp32_scalar` is how a float argument
-reaches a kernel: compiled Triton passes fp32, the interpreter a Python float.
+reaches a kernel: compiled Triton passes fp32, the interpreter a Python float (`scalar_argument`: ints past int32
+as int64 too).
 """
 from __future__ import annotations
 
@@ -268,6 +269,16 @@ def gpu_numerics() -> None:
 def fp32_scalar(value: float) -> tl.tensor:
     """A float kernel argument as compiled Triton passes it: an fp32 scalar (`eps.to(tl.float32)` works)."""
     return tl.tensor(TensorHandle(np.array([value], dtype=np.float32), tl.float32), tl.float32)
+
+
+def scalar_argument(value, ty: str):
+    """A recorded scalar as compiled Triton passes it: floats as fp32, ints past int32 as int64 (the interpreter
+    makes [2^31, 2^32) a uint32); int32 and bool the interpreter already passes as Triton does."""
+    if ty == "fp32":
+        return fp32_scalar(value)
+    if ty == "i64":
+        return tl.tensor(TensorHandle(np.array([value], dtype=np.int64), tl.int64), tl.int64)
+    return value
 
 
 def __getattr__(name: str):

@@ -138,7 +138,8 @@ def _said(e: BaseException) -> str:
     if isinstance(e, AssertionError) and not str(e):
         frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.endswith("candidate.py")]
         if frames:
-            message = f"AssertionError: `{frames[-1].line}` failed (candidate line {frames[-1].lineno})"
+            what = f"`{frames[-1].line}`" if frames[-1].line else "an assert"
+            message = f"AssertionError: {what} failed (candidate line {frames[-1].lineno})"
     if DEVICE.type == "cpu" and any(word in str(e) for word in GPU_ONLY):
         message += " (planned under Triton's CPU interpreter, which cannot run this: it needs a GPU)"
     return message

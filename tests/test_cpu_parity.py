@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 # One process for both (each start imports torch and Triton: seconds on a shared machine); it patches both.
 SCRIPT = """import numpy as np, torch, triton, triton.language as tl
 from sandbox import cuda_probes
-from sandbox.libdevice_cpu import fp32_scalar, gpu_numerics
+from sandbox.libdevice_cpu import gpu_numerics, scalar_argument
 
 cuda_probes.install()
 x = torch.randn(4)
@@ -49,11 +49,11 @@ def bf16_ops(x_ptr, y_ptr, out_ptr, stats_ptr, BLOCK: tl.constexpr):
     tl.store(stats_ptr + 2, (x > y).to(tl.int32).to(tl.bfloat16).sum(0))
 
 @triton.jit
-def rows(x_ptr, out_ptr, n_rows, n_cols, eps, BLOCK: tl.constexpr):
+def rows(x_ptr, out_ptr, n_rows, n_cols, eps, big, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = (row < n_rows) & (cols < n_cols)
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0) + (big - 3_000_000_000).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (x + eps.to(tl.float32)).to(tl.bfloat16), mask=mask)
 
 @triton.jit
@@ -68,8 +68,8 @@ out, stats = torch.empty_like(x), torch.empty(3, dtype=torch.bfloat16)
 bf16_ops[(1,)](x, y, out, stats, BLOCK=64)
 print(torch.equal(out, x * y + x), stats.tolist() == [x.max().item(), x.min().item(), float((x > y).sum())])
 a, o = torch.randn(3, 10), torch.empty(3, 10, dtype=torch.bfloat16)
-rows[(3,)](a, o, 3, 10, fp32_scalar(0.1), BLOCK=16)
-print(torch.equal(o, (a + torch.tensor(0.1, dtype=torch.float32)).bfloat16()))
+rows[(3,)](a, o, 3, 10, scalar_argument(0.1, "fp32"), scalar_argument(3_000_000_001, "i64"), BLOCK=16)
+print(torch.equal(o, (a + 1 + torch.tensor(0.1, dtype=torch.float32)).bfloat16()))
 for dtype in (torch.bfloat16, torch.float32):
     a, b, c = torch.randn(16, 16, dtype=dtype), torch.randn(16, 16, dtype=dtype), torch.empty(16, 16)
     dot[(1,)](a, b, c, M=16)
@@ -94,7 +94,7 @@ def test_cuda_probes_answer_as_one_h100_and_allocations_stay_on_the_cpu(printed)
 
 
 def test_the_interpreter_computes_as_compiled_triton(printed):
-    """bf16 values, not bit patterns; fp32 scalars; a scalar & block mask; bf16 dots exact in fp32, fp32 dots at
+    """bf16 values, not bit patterns; fp32 and int64 scalars; a scalar & block mask; bf16 dots exact in fp32, fp32 dots at
     tf32 (the low 13 mantissa bits dropped)."""
     assert printed[4:9] == ["True True", "True", "torch.bfloat16 True False", "torch.float32 True True", ""]
 
