@@ -134,5 +134,6 @@ def install() -> None:
     cuda.get_device_name = lambda device=None: NAME
     cuda.mem_get_info = lambda device=None: (PROPERTIES.total_memory, PROPERTIES.total_memory)
     cuda.device = _Device
+    torch.version.cuda = "13.0"
     driver.set_active(_Driver())
     CudaOnCpu().__enter__()   # left on for the process's life: every later call of candidate code runs under it

@@ -27,7 +27,7 @@ from tools.target import module_from_source
 
 MAX_RECORDS = 3  # extra calls allowed when Triton's autotuner ran inside a recorded one
 # Words of the errors that CUDA-only code meets on the CPU after sandbox/cuda_probes.py answered its probes.
-GPU_ONLY = ("CUDA", "cuda", "NVIDIA", "libdevice.", "n_regs", "_init_handles", "cubin", "asm")
+GPU_ONLY = ("CUDA", "cuda", "NVIDIA", "libdevice.", "n_regs", "_init_handles")
 
 
 class Planner:

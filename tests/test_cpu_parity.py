@@ -32,7 +32,7 @@ print(x.is_cuda, x.is_cpu, x.device, x.get_device(), x.device == triton.runtime.
 print(y.untyped_storage().device, x.cuda() is x, x.to("cuda").untyped_storage().device, torch.zeros(2, device=0).device)
 print(torch.cuda.is_available(), torch.cuda.current_device(), torch.cuda.get_device_capability(),
       torch.cuda.get_device_properties(x.device).multi_processor_count,
-      triton.runtime.driver.active.utils.get_device_properties(0)["multiprocessor_count"])
+      triton.runtime.driver.active.utils.get_device_properties(0)["multiprocessor_count"], torch.version.cuda)
 with torch.cuda.device(x.device.index):
     print(torch.empty(2, device="meta").device, torch.empty(2, device="meta").is_cuda)
 
@@ -90,7 +90,7 @@ def printed(tmp_path_factory) -> list[str]:
 
 
 def test_cuda_probes_answer_as_one_h100_and_allocations_stay_on_the_cpu(printed):
-    assert printed[:4] == ["True False cuda:0 0 True", "cpu True cpu cuda:0", "True 0 (9, 0) 132 132", "meta False"]
+    assert printed[:4] == ["True False cuda:0 0 True", "cpu True cpu cuda:0", "True 0 (9, 0) 132 132 13.0", "meta False"]
 
 
 def test_the_interpreter_computes_as_compiled_triton(printed):
