@@ -11,6 +11,7 @@ inputs and trusted code compares what comes out, so a plan that leaves work out 
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import textwrap
@@ -519,7 +520,6 @@ def _interpreted_kernel(python_fn) -> dict:
     """The source of a kernel and of every jit function it calls, the module constants they read and the modules
     they name: what the trusted side checks and rebuilds into a module of its own (nothing else of the candidate's
     module travels)."""
-    import ast
     import builtins
     import types
 
@@ -543,6 +543,7 @@ def _interpreted_kernel(python_fn) -> dict:
         local |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         defaults = [d for d in tree.args.defaults + tree.args.kw_defaults if d is not None]
         in_defaults = {n.id for d in defaults for n in ast.walk(d) if isinstance(n, ast.Name)}
+        renamed: dict[str, str] = {}
         for node in ast.walk(tree):
             if not isinstance(node, ast.Name) or node.id in local:
                 continue
@@ -561,6 +562,8 @@ def _interpreted_kernel(python_fn) -> dict:
                     raise PlanRefused("rejected", f"kernel {fn.__name__} uses module {value.__name__}; a Triton kernel "
                                       "may only use triton, triton.language and libdevice")
                 aliases[node.id] = module
+            elif (path := _language_path(value)) is not None:
+                renamed[node.id] = path   # `from ...libdevice import rsqrt`, `triton_tanh = libdevice.tanh`
             elif node.id not in ("range", "min", "max", "len", "int", "float", "bool", "print", "abs"):
                 if node.id not in in_defaults and not _constexpr_global(value):
                     # Triton's compiler refuses these (a module-level list a kernel could mutate, a plain int):
@@ -573,6 +576,9 @@ def _interpreted_kernel(python_fn) -> dict:
                     raise PlanRefused("rejected", f"kernel {fn.__name__} reads global {node.id}, a "
                                       f"{type(value).__name__}: kernels may only read constants")
                 constants[node.id] = literal
+        if renamed:  # the function travels with those names written out from the triton module
+            aliases[TRITON_ROOT] = "triton"
+            functions[fn.__name__] = ast.unparse(ast.fix_missing_locations(_Qualified(renamed).visit(tree)))
     names = list(inspect.signature(python_fn).parameters)
     return {"kind": "interpreted", "name": python_fn.__name__, "functions": functions, "constants": constants,
             "aliases": aliases, "arg_names": names, "source": functions[python_fn.__name__]}
@@ -584,3 +590,42 @@ def _constexpr_global(value) -> bool:
 
     return isinstance(value, (tl.constexpr, tl.dtype)) or getattr(value, "__triton_builtin__", False) or \
         getattr(value, "__module__", "").startswith("triton.language")
+
+
+TRITON_ROOT = "kloop_triton"   # the name under which a kernel's Triton functions named by the module travel
+
+
+def _language_path(value) -> str | None:
+    """`triton.language.<...>.<name>` for a function of the Triton language that a module global names (Triton's
+    compiler reads those as it reads tl.exp); None for anything else."""
+    import importlib
+
+    module, name = getattr(value, "__module__", None), getattr(value, "__name__", None)
+    if not (callable(value) and isinstance(module, str) and isinstance(name, str)
+            and module.startswith("triton.language")):
+        return None
+    try:
+        if getattr(importlib.import_module(module), name, None) is not value:
+            return None
+    except ImportError:
+        return None
+    if module.startswith("triton.language.extra") and module.endswith("libdevice"):
+        module = "triton.language.extra.libdevice"   # the executor binds that one to its CPU libdevice
+    return f"{module}.{name}"
+
+
+class _Qualified(ast.NodeTransformer):
+    """Rewrites the names of Triton functions a kernel reads from its module (`rsqrt(x)`) as attribute chains from
+    the triton module (`kloop_triton.language.extra.libdevice.rsqrt(x)`): the executor rebuilds and checks kernels
+    from their own source, the triton modules and constants, never other module globals."""
+
+    def __init__(self, renamed: dict[str, str]) -> None:
+        self.renamed = renamed
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id not in self.renamed or not isinstance(node.ctx, ast.Load):
+            return node
+        value: ast.expr = ast.Name(TRITON_ROOT, ast.Load())
+        for attr in self.renamed[node.id].split(".")[1:]:
+            value = ast.Attribute(value=value, attr=attr, ctx=ast.Load())
+        return ast.copy_location(value, node)

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import triton.language as tl
+from triton.language.extra import libdevice
+from triton.language.extra.cuda.libdevice import rsqrt
 from triton.runtime.interpreter import TensorHandle
 
 from sandbox import libdevice_cpu
@@ -134,6 +136,7 @@ def test_bf16_libdevice_calls_compute_on_values():
     assert out.dtype == np.uint16 and out.tolist() == [0x3F80, 0x4000]
 
 
+triton_cast = tl.cast
 LIMIT = 4
 LIMIT_CONSTEXPR = tl.constexpr(4)
 CALLS = [0]
@@ -151,6 +154,13 @@ def reads_constexpr_globals(x_ptr, n=LIMIT):
     return x_ptr + LIMIT_CONSTEXPR + n + tl.float32.primitive_bitwidth
 
 
+triton_erf = libdevice.erf   # a module-level alias of a Triton function, as Unsloth writes tanh
+
+
+def calls_triton_functions_by_module_names(x):
+    return triton_erf(x) + rsqrt(x) + triton_cast(x, tl.float32)
+
+
 @pytest.mark.parametrize("fn, name", [(reads_plain_global, "LIMIT (a int)"), (mutates_global_list, "CALLS (a list)")])
 def test_a_kernel_reads_only_the_globals_tritons_compiler_lets_it(fn, name):
     with pytest.raises(PlanRefused) as refused:
@@ -158,6 +168,14 @@ def test_a_kernel_reads_only_the_globals_tritons_compiler_lets_it(fn, name):
     assert refused.value.status == "compile_error" and f"cannot access global variable {name}" in str(refused.value)
     # a tl.constexpr global, a dtype's module and a global in a parameter's default (as Triton allows) travel
     assert _interpreted_kernel(reads_constexpr_globals)["constants"] == {"LIMIT_CONSTEXPR": 4, "LIMIT": 4}
+
+
+def test_triton_functions_a_module_names_travel_written_out_from_triton():
+    kernel = _interpreted_kernel(calls_triton_functions_by_module_names)
+    assert kernel["aliases"]["kloop_triton"] == "triton" and kernel["constants"] == {}
+    assert kernel["source"].splitlines()[1].strip() == (
+        "return kloop_triton.language.extra.libdevice.erf(x) + kloop_triton.language.extra.libdevice.rsqrt(x) + "
+        "kloop_triton.language.core.cast(x, tl.float32)")
 
 
 def test_a_bare_assert_names_its_line_and_a_gpu_only_failure_says_so(tmp_path):
