@@ -382,8 +382,12 @@ class Executor:
 
     def _interpreted(self, k: planfmt.Kernel):
         """The kernel and the jit functions it calls, rebuilt as a module of our own: checked sources, constants as
-        literals, and only the modules a Triton kernel may name."""
+        literals, and only the modules a Triton kernel may name. The interpreter computes as compiled Triton does
+        (sandbox/libdevice_cpu.gpu_numerics: bf16, tf32 dots, typed comparisons)."""
+        from sandbox.libdevice_cpu import gpu_numerics
         from tools.rules import check_jit_function
+
+        gpu_numerics()
 
         lines = ["import triton", "import triton.language", f"import sandbox.libdevice_cpu as {CPU_LIBDEVICE}"]
         checked: dict[str, ast.FunctionDef] = {}
@@ -524,7 +528,9 @@ class Executor:
             count = max(0, (buffer.numel() - a.offset) // itemsize)
             return view(buffer, a.offset - a.offset % itemsize, a.dtype, [count], [1])
         if isinstance(a, planfmt.Scalar):
-            return a.value
+            from sandbox.libdevice_cpu import scalar_argument
+
+            return scalar_argument(a.value, a.type)
         if isinstance(a, planfmt.Constexpr):
             if isinstance(a.value, str) and a.value.startswith(planfmt.JIT_CONSTEXPR):  # a rebuilt, checked function
                 fn = kernel.fn.__globals__.get(a.value[len(planfmt.JIT_CONSTEXPR):])

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import triton  # noqa: F401  (imported while warm, so a candidate's first import costs nothing)
 
+from sandbox import cuda_probes
 from sandbox import plan as planfmt
 from sandbox import record
 from tools import weights
@@ -26,6 +27,8 @@ from tools.inputs import DEVICE, make_inputs
 from tools.target import module_from_source
 
 MAX_RECORDS = 3  # extra calls allowed when Triton's autotuner ran inside a recorded one
+# Words of the errors that CUDA-only code meets on the CPU after sandbox/cuda_probes.py answered its probes.
+GPU_ONLY = ("CUDA", "cuda", "NVIDIA", "libdevice.", "n_regs", "_init_handles")
 
 
 class Planner:
@@ -46,6 +49,8 @@ class Planner:
         self.target_source, self.init_seed = target_source, init_seed
         record.install()
         _mark_compiling(self)
+        if DEVICE.type == "cpu":  # the candidate plans as it would on a GPU (sandbox/cuda_probes.py)
+            cuda_probes.install()
         spec = importlib.util.spec_from_file_location("candidate", candidate)
         module = importlib.util.module_from_spec(spec)
         sys.modules["candidate"] = module
@@ -165,8 +170,21 @@ def _error(status: str, e: BaseException) -> dict:
         status = "compile_error"
     if isinstance(e, torch.OutOfMemoryError):
         return {"status": "runtime_error", "message": f"out of memory while planning: {str(e)[:300]}"}
-    return {"status": status, "message": f"{type(e).__name__}: {e}"[:4000],
-            "traceback": traceback.format_exc(limit=-8)[-6000:]}
+    return {"status": status, "message": _said(e)[:4000], "traceback": traceback.format_exc(limit=-8)[-6000:]}
+
+
+def _said(e: BaseException) -> str:
+    """One line for the failure: a bare `assert` names its line of the candidate, and on the CPU a failure that
+    only a GPU can get past says so."""
+    message = f"{type(e).__name__}: {e}"
+    if isinstance(e, AssertionError) and not str(e):
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.endswith("candidate.py")]
+        if frames:
+            what = f"`{frames[-1].line}`" if frames[-1].line else "an assert"
+            message = f"AssertionError: {what} failed (candidate line {frames[-1].lineno})"
+    if DEVICE.type == "cpu" and any(word in str(e) for word in GPU_ONLY):
+        message += " (planned under Triton's CPU interpreter, which cannot run this: it needs a GPU)"
+    return message
 
 
 def serve(reply, workdir: Path) -> None:

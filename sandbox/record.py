@@ -11,6 +11,7 @@ inputs and trusted code compares what comes out, so a plan that leaves work out 
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import textwrap
@@ -21,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sandbox import plan as planfmt
+from tools.inputs import DEVICE   # the real device, taken before the CPU planner answers CUDA probes as a GPU
 
 ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
 ZERO_OPS = {"zeros", "zeros_like", "new_zeros"}
@@ -194,8 +196,9 @@ class Recorder(TorchDispatchMode):
         if value is None:
             return {"ref": None}
         if isinstance(value, torch.Tensor):
-            if value.device.type != _device().type:
-                raise PlanRefused("runtime_error", f"a kernel argument is a {value.device.type} tensor")
+            where = value.untyped_storage().device   # not value.device, which the CPU planner makes answer cuda
+            if where.type != DEVICE.type:
+                raise PlanRefused("runtime_error", f"a kernel argument is a {where.type} tensor")
             with self.bookkeeping():
                 ref, offset = self.buffers.ref_of(value)
             return {"ref": list(ref.key()), "offset": offset, "dtype": _dtype_name(value.dtype)}
@@ -440,7 +443,7 @@ def install() -> None:
     def timed_config(self, *args, **kwargs):
         if HOOKS.recorder is not None:
             HOOKS.recorder.autotuned = True
-        if not torch.cuda.is_available():  # the interpreter has nothing to time with: every config ties, first wins
+        if DEVICE.type == "cpu":  # the interpreter has nothing to time with: every config ties, first wins
             return [1.0, 1.0, 1.0]
         saved, HOOKS.benchmarking = HOOKS.benchmarking, True
         try:
@@ -474,10 +477,6 @@ _NUMPY_TYPES = {"int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "u
                 "bool": "i1"}
 def _triton_elem(ty: str) -> str:
     return planfmt.TRITON_DTYPES.get(ty.lstrip("*k"), "uint8")
-
-
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _grid3(grid) -> list[int]:
@@ -521,7 +520,6 @@ def _interpreted_kernel(python_fn) -> dict:
     """The source of a kernel and of every jit function it calls, the module constants they read and the modules
     they name: what the trusted side checks and rebuilds into a module of its own (nothing else of the candidate's
     module travels)."""
-    import ast
     import builtins
     import types
 
@@ -543,6 +541,9 @@ def _interpreted_kernel(python_fn) -> dict:
         local = {a.arg for node in ast.walk(tree) if isinstance(node, ast.arguments)
                  for a in node.args + node.kwonlyargs + node.posonlyargs}
         local |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        defaults = [d for d in tree.args.defaults + tree.args.kw_defaults if d is not None]
+        in_defaults = {n.id for d in defaults for n in ast.walk(d) if isinstance(n, ast.Name)}
+        renamed: dict[str, str] = {}
         for node in ast.walk(tree):
             if not isinstance(node, ast.Name) or node.id in local:
                 continue
@@ -561,12 +562,70 @@ def _interpreted_kernel(python_fn) -> dict:
                     raise PlanRefused("rejected", f"kernel {fn.__name__} uses module {value.__name__}; a Triton kernel "
                                       "may only use triton, triton.language and libdevice")
                 aliases[node.id] = module
+            elif (path := _language_path(value)) is not None:
+                renamed[node.id] = path   # `from ...libdevice import rsqrt`, `triton_tanh = libdevice.tanh`
             elif node.id not in ("range", "min", "max", "len", "int", "float", "bool", "print", "abs"):
+                if node.id not in in_defaults and not _constexpr_global(value):
+                    # Triton's compiler refuses these (a module-level list a kernel could mutate, a plain int):
+                    # the interpreter would read them, so the CPU refuses them as the GPU does.
+                    raise PlanRefused("compile_error", f"kernel {fn.__name__}: cannot access global variable "
+                                      f"{node.id} (a {type(value).__name__}): a Triton kernel reads only globals "
+                                      f"made constexpr ({node.id} = tl.constexpr(...))")
                 literal = _json_value(value)
                 if isinstance(literal, str) and literal == repr(value)[:200] and not isinstance(value, str):
                     raise PlanRefused("rejected", f"kernel {fn.__name__} reads global {node.id}, a "
                                       f"{type(value).__name__}: kernels may only read constants")
                 constants[node.id] = literal
+        if renamed:  # the function travels with those names written out from the triton module
+            aliases[TRITON_ROOT] = "triton"
+            functions[fn.__name__] = ast.unparse(ast.fix_missing_locations(_Qualified(renamed).visit(tree)))
     names = list(inspect.signature(python_fn).parameters)
     return {"kind": "interpreted", "name": python_fn.__name__, "functions": functions, "constants": constants,
             "aliases": aliases, "arg_names": names, "source": functions[python_fn.__name__]}
+
+
+def _constexpr_global(value) -> bool:
+    """Whether Triton's compiler lets a kernel read this module global (CodeGenerator's global lookup)."""
+    import triton.language as tl
+
+    return isinstance(value, (tl.constexpr, tl.dtype)) or getattr(value, "__triton_builtin__", False) or \
+        getattr(value, "__module__", "").startswith("triton.language")
+
+
+TRITON_ROOT = "kloop_triton"   # the name under which a kernel's Triton functions named by the module travel
+
+
+def _language_path(value) -> str | None:
+    """`triton.language.<...>.<name>` for a function of the Triton language that a module global names (Triton's
+    compiler reads those as it reads tl.exp); None for anything else."""
+    import importlib
+
+    module, name = getattr(value, "__module__", None), getattr(value, "__name__", None)
+    if not (callable(value) and isinstance(module, str) and isinstance(name, str)
+            and module.startswith("triton.language")):
+        return None
+    try:
+        if getattr(importlib.import_module(module), name, None) is not value:
+            return None
+    except ImportError:
+        return None
+    if module.startswith("triton.language.extra") and module.endswith("libdevice"):
+        module = "triton.language.extra.libdevice"   # the executor binds that one to its CPU libdevice
+    return f"{module}.{name}"
+
+
+class _Qualified(ast.NodeTransformer):
+    """Rewrites the names of Triton functions a kernel reads from its module (`rsqrt(x)`) as attribute chains from
+    the triton module (`kloop_triton.language.extra.libdevice.rsqrt(x)`): the executor rebuilds and checks kernels
+    from their own source, the triton modules and constants, never other module globals."""
+
+    def __init__(self, renamed: dict[str, str]) -> None:
+        self.renamed = renamed
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id not in self.renamed or not isinstance(node.ctx, ast.Load):
+            return node
+        value: ast.expr = ast.Name(TRITON_ROOT, ast.Load())
+        for attr in self.renamed[node.id].split(".")[1:]:
+            value = ast.Attribute(value=value, attr=attr, ctx=ast.Load())
+        return ast.copy_location(value, node)

@@ -81,6 +81,9 @@ def text_of(result) -> str:
     ("kb_erfinv", "honest_libdevice_chain"),
     ("tiny_gelu", "honest_jit_constexpr"),
     ("tiny_add", "honest_inf_constant"),
+    ("tiny_layernorm", "honest_layernorm_rows"),   # eps.to(tl.float32), (row < n_rows) & (cols < n_cols)
+    ("tiny_tanh", "honest_fast_exp"),              # libdevice.fast_expf: a few ulp on the GPU and on the CPU
+    ("tiny_add", "honest_cuda_checks"),            # asserts is_cuda: the CPU planner answers as an H100
 ])
 def test_honest_kernels_of_every_kind_are_credited(session, target, name):
     r = judge(load_target(str(TARGETS / f"{target}.py")), name, session)
@@ -173,6 +176,27 @@ def test_a_cancelling_sum_in_another_order_is_credited_and_in_lower_precision_is
     assert r.verdict == "incorrect", r.reasons
     assert "against the reference computed in float64" in r.reasons[0] and "move under a rounding step" in \
         r.reasons[0], r.reasons
+
+
+def test_the_cpu_judges_bf16_kernels_on_their_values(session):
+    """A bf16 tl.dot accumulated in fp32 and a bf16 add: the interpreter computed both on raw bit patterns."""
+    r = judge(load_target(str(TARGETS / "tiny_bf16_addmm.py")), "honest_bf16_addmm", session)
+    assert r.verdict == "correct" and r.correctness.shapes >= 2, r.reasons
+
+
+def test_the_cpu_credits_libdevice_imported_by_name(session, rules_bypassed):
+    r = judge(load_target(str(TARGETS / "tiny_gelu.py")), "liger_style_libdevice", session)
+    assert r.verdict == "correct", r.reasons
+
+
+@pytest.mark.parametrize("target, name, verdict, why", [
+    ("tiny_gelu", "gpu_path_approximates", "incorrect", "outside atol"),     # its GPU path is the one judged
+    ("tiny_tanh", "fast_tanh", "incorrect", "outside atol"),                 # tanh.approx's 2^-11, not np.tanh
+    ("tiny_add", "mutates_global_list", "compile_error", "global variable CALLS"),   # Triton's compiler refuses it
+])
+def test_the_cpu_refuses_what_a_gpu_refuses(session, rules_bypassed, target, name, verdict, why):
+    r = judge(load_target(str(TARGETS / f"{target}.py")), name, session)
+    assert r.verdict == verdict and any(why in reason for reason in r.reasons), (r.verdict, r.reasons)
 
 
 @pytest.mark.parametrize("name, verdict, why", [

@@ -152,8 +152,10 @@ def test_derived_shapes_change_only_sizes_and_run_on_the_cpu(name):
     small = target.shapes(small=True)
     assert main == {} and len(variants) == 2 and len(small) == 3
     main_elements = _elements(target, {})
+    init_sizes = size_constants(target.source, "get_init_inputs")
     for shape in variants + small:
-        assert set(shape) <= set(sizes)  # hyper-parameters never change
+        # full-size variants keep the constructor's sizes; CPU sizes divide them too (out_channels), nothing else
+        assert set(shape) <= set(sizes) | (set(init_sizes) if shape in small else set())
         assert json.loads(json.dumps(shape)) == shape
         assert _elements(target, shape) < main_elements
         _, out = _run(target, shape)
@@ -184,8 +186,10 @@ def test_grouped_conv_variants_keep_channels_divisible_by_groups():
     target = load_target(str(KB["grouped_conv"]))
     for shape in target.shapes(small=False)[1:] + target.shapes(small=True):
         module = target.module_for(shape)
-        assert module.in_channels % module.groups == 0
-        assert (module.out_channels, module.kernel_size, module.stride, module.groups) == (96, 3, 2, 4)
+        assert module.in_channels % module.groups == 0 and module.out_channels % module.groups == 0
+        assert (module.kernel_size, module.stride, module.groups) == (3, 2, 4)
+        # out_channels only the constructor reads: full-size variants keep it, CPU sizes divide it like the others
+        assert module.out_channels == (96 if shape in target.shapes(small=False) else 24)
     odd, prime = target.shapes(small=False)[1:]
     assert (odd["height"], odd["width"], odd["in_channels"]) == (21, 17, 12)  # 11 channels fall back to 12
     assert _is_prime(prime["height"]) and _is_prime(prime["width"])
@@ -336,3 +340,20 @@ def test_matmul_hidden_variants_break_easy_assumptions(name, small):
     # rows TMA can describe (16-byte multiples in half precision), every edge ragged against a 128x128x64 tile
     assert any(v["K"] % 8 == 0 and v["N"] % 8 == 0 and v["M"] % 2 and v["N"] % 128 and v["K"] % 64
                for v in variants)
+
+
+def test_a_size_only_the_constructor_reads_is_divided_at_cpu_size(tmp_path):
+    """An 8192-wide Linear: out_features reaches only Model. Undivided, one CPU round multiplies 16 x 1024 inputs by
+    a 1024 x 8192 weight under the interpreter and runs into its time limit."""
+    (tmp_path / "wide_linear.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nbatch_size = 128\nin_features = 8192\nout_features = 8192\n\n\n"
+        "class Model(nn.Module):\n    def __init__(self, in_features, out_features):\n        super().__init__()\n"
+        "        self.linear = nn.Linear(in_features, out_features)\n\n    def forward(self, x):\n"
+        "        return self.linear(x)\n\n\ndef get_inputs():\n    return [torch.randn(batch_size, in_features)]\n\n\n"
+        "def get_init_inputs():\n    return [in_features, out_features]\n")
+    target = load_target(str(tmp_path / "wide_linear.py"))
+    small = target.shapes(small=True)
+    assert small[0] == {"batch_size": 16, "in_features": 1024, "out_features": 1024}
+    assert all(shape["out_features"] == 1024 for shape in small[1:])     # hidden CPU variants vary the inputs only
+    assert [set(shape) for shape in target.shapes(small=False)[1:]] == [{"batch_size", "in_features"}] * 2
+    assert "CPU sizes derived from batch_size, in_features, out_features (x1/8" in target.shape_note(True)

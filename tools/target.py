@@ -14,12 +14,13 @@ What is absent is derived:
   size constants, found statically in the source, are module-level ints (literals or literal arithmetic such as
     `1024 * 2`, also the elements of a literal int tuple such as `input_shape = (32768,)`) of at least 8 that
     get_inputs() reads, directly or through derived constants; a name read only by get_init_inputs()
-    (kernel_size, stride, a reduction dim) never changes;
+    (out_features, kernel_size, a reduction dim) keeps its value in hidden variants;
   hidden variants set every size s to an odd number near s/3 (>= 9), then to a prime near s/5 (>= 11, never the
     odd one), so tails and non-power-of-two paths run; where a floor would grow the inputs past the main shape's
     (past SMALL_ELEMENTS at CPU size), the sizes it grows stay as they were;
-  CPU sizes divide every size by one power of two (each stays >= 2, odd sizes stay odd) until the inputs hold at
-    most SMALL_ELEMENTS elements; their hidden variants apply the odd and prime rules (>= 3, >= 5) to those sizes.
+  CPU sizes divide every size, those only get_init_inputs() reads too (an 8192-wide Linear would cost a CPU round
+    its time limit), by one power of two (each stays >= 2, odd sizes stay odd) until the inputs hold at most
+    SMALL_ELEMENTS elements; their hidden variants apply the odd and prime rules (>= 3, >= 5) to get_inputs' sizes.
 Every derived shape must run the reference on the meta device (within MAX_META_OPS ops); where a shape fails, each
 size in turn falls back to the nearest value above its goal that keeps a divisor of its working value (channels
 stay divisible by groups, a conv input stays larger than its kernel), else keeps that value. A reference that fails
@@ -398,16 +399,16 @@ def _reads(node: ast.AST) -> set[str]:
     return names
 
 
-def size_constants(source: str) -> dict:
-    """Name -> value as written (an int, or a tuple/list of ints) of the constants that size get_inputs()."""
+def size_constants(source: str, reader: str = "get_inputs") -> dict:
+    """Name -> value as written (an int, or a tuple/list of ints) of the constants that size `reader`'s result."""
     tree = ast.parse(source)
     defs: dict[str, ast.AST] = {}
     for stmt in tree.body:
         if isinstance(stmt, ast.FunctionDef):
             defs[stmt.name] = stmt
         defs.update((name, stmt.value) for name in _assigned_names(stmt))
-    read, todo = set(), ["get_inputs"]
-    while todo:  # get_inputs, then the derived constants and helpers it reads, transitively
+    read, todo = set(), [reader]
+    while todo:  # the reader, then the derived constants and helpers it reads, transitively
         name = todo.pop()
         if name in defs and name not in read:
             read.add(name)
@@ -474,12 +475,20 @@ class _ShapeSearch:
     def __init__(self, source: str):
         self.source = source
         self.sizes = size_constants(source)
+        # Sizes only the constructor reads (out_features = 8192): CPU sizes divide them too, variants keep them.
+        self.init_sizes = {name: value for name, value in size_constants(source, "get_init_inputs").items()
+                           if name not in self.sizes}
         # One slot per size: (name, None) for an int, (name, index) for an element of an int tuple.
-        self.main = {}
-        for name, value in self.sizes.items():
-            items = [(None, value)] if isinstance(value, int) else enumerate(value)
-            self.main.update(((name, i), v) for i, v in items if v >= MIN_SIZE)
+        self.main, self.init_main = self._slots(self.sizes), self._slots(self.init_sizes)
         self._probes: dict[tuple, int | None] = {}
+
+    @staticmethod
+    def _slots(sizes: dict) -> dict:
+        slots = {}
+        for name, value in sizes.items():
+            items = [(None, value)] if isinstance(value, int) else enumerate(value)
+            slots.update(((name, i), v) for i, v in items if v >= MIN_SIZE)
+        return slots
 
     @cached_property
     def device(self) -> str | None:
@@ -494,7 +503,7 @@ class _ShapeSearch:
             if i is None:
                 shape[name] = v
             else:  # a fresh list: `base` may hold this tuple's list
-                shape[name] = list(shape.get(name, self.sizes[name]))
+                shape[name] = list(shape.get(name, {**self.init_sizes, **self.sizes}[name]))
                 shape[name][i] = v
         return shape
 
@@ -554,18 +563,19 @@ class _ShapeSearch:
         return values
 
     def small_base(self) -> tuple[dict, str]:
-        """The CPU-sized shape: every size divided by the smallest power of two that fits SMALL_ELEMENTS."""
+        """The CPU-sized shape: every size (those only the constructor reads too) divided by the smallest power of
+        two that fits the inputs into SMALL_ELEMENTS."""
         if not self.main:
             return {}, "no size constants found: the main shape only"
         if self.device is None:
             return {}, "get_inputs() does not run on the meta device: the main shape only"
-        factor = 1
+        factor, every = 1, {**self.main, **self.init_main}
         while True:
-            values = {slot: _shrink(s, factor) for slot, s in self.main.items()}
-            floored = values == {slot: _shrink(s, 2 * factor) for slot, s in self.main.items()}
+            values = {slot: _shrink(s, factor) for slot, s in every.items()}
+            floored = values == {slot: _shrink(s, 2 * factor) for slot, s in every.items()}
             elements = self._elements(self._shape({}, values))
             if floored or (elements is not None and elements <= SMALL_ELEMENTS):
-                fitted = self._fit({}, self.main, values)
+                fitted = self._fit({}, every, values)
                 shape = None if fitted is None else self._shape({}, fitted)
                 if floored or (shape and self._elements(shape) <= SMALL_ELEMENTS):
                     break  # else a fallback kept some size large: divide the others further
@@ -574,7 +584,7 @@ class _ShapeSearch:
             return {}, "no CPU sizes run the reference: the main shape only"
         if factor == 1:
             return {}, f"the main shape fits the CPU ({self._elements({})} input elements)"
-        names = ", ".join(self.sizes)
+        names = ", ".join({**self.sizes, **self.init_sizes})
         return shape, f"CPU sizes derived from {names} (x1/{factor}, {self._elements(shape)} input elements)"
 
     def variants(self, base: dict, small: bool) -> tuple[list[dict], str]:
