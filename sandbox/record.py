@@ -565,7 +565,8 @@ def _interpreted_kernel(python_fn) -> dict:
             elif (path := _language_path(value)) is not None:
                 renamed[node.id] = path   # `from ...libdevice import rsqrt`, `triton_tanh = libdevice.tanh`
             elif node.id not in ("range", "min", "max", "len", "int", "float", "bool", "print", "abs"):
-                if node.id not in in_defaults and not _constexpr_global(value):
+                annotation = fn.__globals__.get("__annotations__", {}).get(node.id)
+                if node.id not in in_defaults and not _constexpr_global(value) and not _constexpr_annotation(annotation):
                     # Triton's compiler refuses these (a module-level list a kernel could mutate, a plain int):
                     # the interpreter would read them, so the CPU refuses them as the GPU does.
                     raise PlanRefused("compile_error", f"kernel {fn.__name__}: cannot access global variable "
@@ -592,6 +593,14 @@ def _constexpr_global(value) -> bool:
         getattr(value, "__module__", "").startswith("triton.language")
 
 
+def _constexpr_annotation(annotation) -> bool:
+    """`SCALE: tl.constexpr = 1.0`: Triton's compiler reads a global annotated constexpr as a constexpr."""
+    import triton.language as tl
+
+    return annotation is tl.constexpr or (isinstance(annotation, str) and
+                                          annotation.split(".")[-1] == "constexpr")
+
+
 TRITON_ROOT = "kloop_triton"   # the name under which a kernel's Triton functions named by the module travel
 
 
@@ -611,6 +620,9 @@ def _language_path(value) -> str | None:
         return None
     if module.startswith("triton.language.extra") and module.endswith("libdevice"):
         module = "triton.language.extra.libdevice"   # the executor binds that one to its CPU libdevice
+    for public in ("triton.language", "triton.language.math"):   # the modules the interpreter patches: tl.cast
+        if getattr(importlib.import_module(public), name, None) is value:   # lives in triton.language.core
+            return f"{public}.{name}"
     return f"{module}.{name}"
 
 

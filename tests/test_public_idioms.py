@@ -339,8 +339,6 @@ def test_a_refused_fallback_chain_names_the_import_the_candidate_wrote():
 
 
 # -- end to end: honest kernels credited, cheats stopped --------------------------------------------------------------
-TRANSPORT = ("the CPU interpreter's kernel transport (sandbox/record.py, sandbox/executor.py) carries a kernel's "
-             "module constants and modules, not Triton functions under the candidate's own names")
 CUSTOM_OP = ("the recorder sees a triton_op as one PyTorch op and refuses it; it must run the op's Python "
              "(sandbox/record.py)")
 
@@ -355,25 +353,10 @@ def judge(target: str, source: str, session):
     return evaluate(load_target(str(TARGETS / f"{target}.py")), source, EvalSettings(baselines=("eager",)), session)
 
 
-def _tutorial_on_the_cpu() -> str:
-    """The tutorial launch without the lines that ask the GPU (driver, device properties, device context), which the
-    CPU's interpreter cannot answer until the planner's device probes do (the CPU-path work)."""
-    source = (CANDIDATES / "honest_tutorial_device.py").read_text()
-    for gpu_line, cpu_line in [
-            ("DEVICE = triton.runtime.driver.active.get_active_torch_device()", ""),
-            ('properties = driver.active.utils.get_device_properties(DEVICE.index)\nNUM_SM = properties['
-             '"multiprocessor_count"]', "NUM_SM = 4"),
-            ("sms = torch.cuda.get_device_properties(x.device).multi_processor_count", "sms = NUM_SM"),
-            ("with torch.cuda.device(x.device):", "if True:")]:
-        assert gpu_line in source
-        source = source.replace(gpu_line, cpu_line)
-    return source
-
-
 @pytest.mark.device
 @pytest.mark.parametrize("target, name, cpu_gap", [
-    ("tiny_gelu", "honest_libdevice_import", TRANSPORT),
-    ("kb_leaky_relu", "honest_triton_alias", TRANSPORT),
+    ("tiny_gelu", "honest_libdevice_import", None),
+    ("kb_leaky_relu", "honest_triton_alias", None),
     ("tiny_add", "honest_jit_applied", None),
     ("tiny_gelu", "honest_launch_helpers", None),
     ("tiny_add", "honest_autotune_pruned", None),
@@ -383,10 +366,7 @@ def _tutorial_on_the_cpu() -> str:
 def test_honest_kernels_in_public_idioms_are_credited(session, target, name, cpu_gap, request):
     if name == "honest_triton_op" or (cpu_gap and not HAS_GPU):
         request.applymarker(pytest.mark.xfail(reason=cpu_gap, strict=True))
-    source = (CANDIDATES / f"{name}.py").read_text()
-    if name == "honest_tutorial_device" and not HAS_GPU:
-        source = _tutorial_on_the_cpu()
-    r = judge(target, source, session)
+    r = judge(target, (CANDIDATES / f"{name}.py").read_text(), session)
     assert r.verdict == "correct", r.reasons
     assert r.correctness.trials >= 5 + 2 and r.correctness.max_abs_err < 1e-3
 
