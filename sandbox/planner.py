@@ -163,9 +163,11 @@ def _error(status: str, e: BaseException) -> dict:
 
     from tools.assemble import PtxAssembleError
 
-    # Triton compiles at the first launch and ptxas at PtxKernel construction: their errors are compile errors.
+    # Triton compiles at the first launch and ptxas at PtxKernel construction: their errors are compile errors
+    # (Triton's JIT refuses a kernel that calls a Python function, e.g. torch.add, with a RuntimeError).
     # The interpreter has no compile step; the name errors Triton's compiler would catch surface as InterpreterError.
     if isinstance(e, (CompilationError, PtxAssembleError, SyntaxError)) or \
+            (isinstance(e, RuntimeError) and str(e).startswith("Unsupported function referenced")) or \
             (isinstance(e, InterpreterError) and isinstance(e.__cause__, (NameError, SyntaxError))):
         status = "compile_error"
     if isinstance(e, torch.OutOfMemoryError):

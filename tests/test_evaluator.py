@@ -82,7 +82,6 @@ def text_of(result) -> str:
     ("tiny_gelu", "honest_jit_constexpr"),
     ("tiny_add", "honest_inf_constant"),
     ("tiny_layernorm", "honest_layernorm_rows"),   # eps.to(tl.float32), (row < n_rows) & (cols < n_cols)
-    ("tiny_tanh", "honest_fast_exp"),              # libdevice.fast_expf: a few ulp on the GPU and on the CPU
     ("tiny_add", "honest_cuda_checks"),            # asserts is_cuda: the CPU planner answers as an H100
 ])
 def test_honest_kernels_of_every_kind_are_credited(session, target, name):
@@ -192,9 +191,14 @@ def test_the_cpu_credits_libdevice_imported_by_name(session, rules_bypassed):
 @pytest.mark.parametrize("target, name, verdict, why", [
     ("tiny_gelu", "gpu_path_approximates", "incorrect", "outside atol"),     # its GPU path is the one judged
     ("tiny_tanh", "fast_tanh", "incorrect", "outside atol"),                 # tanh.approx's 2^-11, not np.tanh
+    ("tiny_tanh", "tanh_by_fast_exp", "incorrect", "(small inputs)"),       # 1 - 2/(e^2x + 1) cancels for small x
     ("tiny_add", "mutates_global_list", "compile_error", "global variable CALLS"),   # Triton's compiler refuses it
 ])
 def test_the_cpu_refuses_what_a_gpu_refuses(session, rules_bypassed, target, name, verdict, why):
+    from triton.language.extra import libdevice
+
+    if name == "fast_tanh" and not hasattr(libdevice, "fast_tanhf"):   # Triton 3.6 (the GPU image) has none
+        verdict, why = "compile_error", "fast_tanhf"
     r = judge(load_target(str(TARGETS / f"{target}.py")), name, session)
     assert r.verdict == verdict and any(why in reason for reason in r.reasons), (r.verdict, r.reasons)
 

@@ -42,14 +42,14 @@ SORT_LIMIT = 1 << 27  # elements of an input sorted per row at most (a sort's te
 TIE_LEVELS = 8
 
 
-def make_inputs(module, seed: int, family: str = OWN) -> list:
-    """Inputs for one call of a target module's Model: seeded, created on the device, in `family` (see above)."""
+def make_inputs(module, seed: int, family: str = OWN, device: torch.device = DEVICE) -> list:
+    """Inputs for one call of a target module's Model: seeded, created on `device`, in `family` (see above)."""
     if family != OWN and family not in FAMILIES:
         raise ValueError(f"unknown input family {family!r}")
-    with RANDOM_STATE, torch.device(DEVICE):
+    with RANDOM_STATE, torch.device(device):
         torch.manual_seed(seed)
         inputs = module.get_inputs()
-    inputs = [x.to(DEVICE) if isinstance(x, torch.Tensor) else x for x in inputs]
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
     if family != OWN:
         draw = random.Random(f"{seed}:{family}")   # the transforms' constants: from the seed, never torch's state
         for x in inputs:

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-SCALE: tl.constexpr = 1.0
+SCALE = tl.constexpr(1.0)
 NUM_WARPS = [2, 4]
 
 

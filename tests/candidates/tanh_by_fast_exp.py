@@ -1,5 +1,6 @@
-"""Honest: tanh from libdevice's fast exponential (__expf: ex2.approx, a few ulp), as fused activation kernels
-write it."""
+"""Inaccurate: tanh as 1 - 2 / (exp(2x) + 1) with libdevice's fast exponential, as some fused activation kernels
+write it. Right to a few ulp where |x| is near 1, but for small x the subtraction from 1 cancels: relative error
+~1e-7 / |x|, far beyond float32's on small inputs (both devices say incorrect there)."""
 import torch
 import triton
 import triton.language as tl
