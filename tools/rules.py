@@ -2,10 +2,12 @@
 
 A candidate may import torch, triton, math, numpy (for launch scalars) and kloop's PTX helper, and write kernels
 as the public writes them (the Triton tutorials, Liger-Kernel, Unsloth: libdevice functions imported by name,
-Triton functions under names of its own, triton.jit applied as a call, autograd.Function launch wrappers).
+Triton functions under names of its own, triton.jit applied as a call, autograd.Function launch wrappers, Liger's
+platform probes: importlib's version checks, and optional packages imported in a try that does without them).
 `check_source` is early, readable feedback, not the security boundary (the sandbox and the trusted executor are):
 every attribute chain rooted at an import is resolved against the real modules in this trusted process, step by
-step and without calling anything, so no module is reached through another; PyTorch's dispatch machinery, side
+step and without calling anything, so no module is reached through another (what importlib imports by a run-time
+name, or a probed package, is left unfollowed: the jail bounds it); PyTorch's dispatch machinery, side
 streams, file I/O and fallbacks to PyTorch when a kernel fails are refused. Each broken rule is one reason, which
 says what was written and what to write instead; any reason makes the verdict `rejected`.
 
@@ -846,7 +848,8 @@ class _Checker(ast.NodeVisitor):
         `from m import f` and `f = <attribute chain>`; other statements bind their names to ('', None)."""
         if isinstance(stmt, ast.ImportFrom) and not stmt.level:
             module = stmt.module or ""
-            parent = _import(module) if _module_allowed(module) or module in TRANSIT else None  # never a probe's
+            # a module the rules refuse, a probe's included, is never imported here
+            parent = _import(module) if _module_allowed(module) or module in TRANSIT else None
             values = {}
             for alias in stmt.names:
                 obj = _MISSING if parent is None else _step(parent, alias.name)
