@@ -233,6 +233,41 @@ IDIOMS = {
             wrap_triton(k)[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, out, x.numel(), BLOCK=128)
             return out
     """,
+    "Liger's platform probes: a version check through importlib, an optional package imported in a try": """
+        import importlib
+        import importlib.metadata
+        import importlib.util
+        import operator
+        from typing import Callable
+
+        import torch
+        from packaging.version import Version
+
+
+        def compare(package: str, op: Callable, target: str):
+            try:
+                module = importlib.import_module(package)
+            except ImportError:
+                return False
+            return op(Version(module.__version__), Version(target))
+
+
+        def on_npu() -> bool:
+            try:
+                from transformers.utils import is_torch_npu_available
+
+                return is_torch_npu_available()
+            except Exception:
+                return False
+
+
+        try:
+            import intel_extension_for_pytorch as ipex
+        except (ImportError, ModuleNotFoundError):
+            ipex = None
+
+        HAS_TRITON = importlib.util.find_spec("triton") is not None and importlib.metadata.version("triton") != ""
+    """,
 }
 MODEL = "\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
 
@@ -315,6 +350,33 @@ def kernel_calling(call: str, before: str) -> str:
      "line 6: module torch used as a value"),
     (HEADER + "import contextlib\nr = contextlib.redirect_stdout" + MODEL,
      "line 5: contextlib.redirect_stdout is not allowed"),
+    # importlib for probes only: not its loaders, and not reached past its listed members
+    (HEADER + "import importlib.util\nspec = importlib.util.spec_from_file_location('m', '/tmp/m.py')" + MODEL,
+     "line 5: importlib.util.spec_from_file_location is not allowed (from importlib.util candidates may use "
+     "find_spec)"),
+    (HEADER + "from importlib import reload" + MODEL, "line 4: importlib.reload is not allowed"),
+    (HEADER + "from importlib.metadata import files" + MODEL, "line 4: importlib.metadata.files is not allowed"),
+    (HEADER + "import importlib.machinery" + MODEL, "line 4: import of importlib.machinery is not allowed"),
+    # a probe is an optional package's import in a try that does without it: not the standard library, not a
+    # module the rules refuse, not an import in a def the try only defines, not a try that lets the failure through
+    (HEADER + "try:\n    import subprocess\nexcept ImportError:\n    subprocess = None" + MODEL,
+     "line 5: import of subprocess is not allowed (allowed: __future__,"),
+    (HEADER + "try:\n    from os import system\nexcept Exception:\n    system = None" + MODEL,
+     "line 5: import from os is not allowed (allowed: __future__, contextlib, dataclasses, functools, importlib, "
+     "math, numpy, operator, packaging.version, tools.launch, torch, torch.autograd, torch.library, torch.nn, "
+     "torch.nn.functional, triton, triton.language, triton.language.extra.libdevice, triton.runtime, "
+     "triton.tools.tensor_descriptor, typing); the standard library is always there, so a try around its import "
+     "probes nothing"),
+    (HEADER + "try:\n    import torch.ops as ops\nexcept ImportError:\n    ops = None" + MODEL,
+     "line 5: import of torch.ops is not allowed"),
+    (HEADER + "try:\n    from sandbox import record\nexcept ImportError:\n    record = None" + MODEL,
+     "line 5: import from sandbox is not allowed"),
+    (HEADER + "try:\n    def probe():\n        import transformers\nexcept ImportError:\n    pass" + MODEL,
+     "line 6: import of transformers is not allowed (allowed: __future__,"),
+    (HEADER + "try:\n    import transformers\nexcept ValueError:\n    transformers = None" + MODEL,
+     "a probe for an optional package imports it inside try: ... except ImportError:"),
+    (HEADER + "try:\n    from transformers import *\nexcept ImportError:\n    pass" + MODEL,
+     "line 5: star imports are not allowed"),
 ])
 def test_each_relaxed_rule_still_refuses_its_cheat(source, reason):
     reasons = check_source(source)
@@ -359,6 +421,7 @@ def judge(target: str, source: str, session):
     ("kb_leaky_relu", "honest_triton_alias", None),
     ("tiny_add", "honest_jit_applied", None),
     ("tiny_gelu", "honest_launch_helpers", None),
+    ("tiny_gelu", "honest_platform_probes", None),
     ("tiny_add", "honest_autotune_pruned", None),
     ("tiny_add", "honest_triton_op", CUSTOM_OP),
     ("kb_softmax", "honest_tutorial_device", None),
@@ -375,9 +438,10 @@ def test_honest_kernels_in_public_idioms_are_credited(session, target, name, cpu
 @pytest.mark.parametrize("target, name, bypass, why", [
     ("tiny_add", "autograd_forward_torch", False, "ModelNew.forward computed with PyTorch ops: aten.add"),
     ("tiny_add", "triton_op_torch", False, "ModelNew.forward computed with PyTorch ops: kloop_cheat.add"),
+    ("tiny_add", "importlib_torch_compute", False, "ModelNew.forward computed with PyTorch ops: aten.add"),
     # the rules refuse these; without them the planner and the executor's own checks must (on a GPU, Triton's
     # compiler, in its own words: a kernel calls no PyTorch function)
-    ("tiny_add", "alias_smuggles_torch", True, "kernel add_kernel reads global triton_add"),
+    ("tiny_add", "alias_smuggles_torch", True, "kernel add_kernel: cannot access global variable triton_add"),
     ("tiny_add", "jit_applied_torch", True, "kernel _add_kernel uses module torch"),
     ("tiny_gelu", "libdevice_is_torch", True, "kernel gelu_kernel uses module torch.special"),
 ])
@@ -403,3 +467,23 @@ def test_os_reached_through_getattr_on_a_device_type_stays_in_the_jail(tmp_path,
         r = judge("tiny_add", source, fresh)
     assert r.verdict == "correct", r.reasons
     assert not marker.exists() and "PROBE write blocked" in r.stdout, r.stdout[-2000:]
+
+
+@pytest.mark.device
+@pytest.mark.skipif(jail.detect().mode == "none", reason="no jail here: isolation mode none keeps nothing away")
+@pytest.mark.parametrize("name, bypass, probe", [
+    ("importlib_smuggles_os", False, "PROBE write blocked"),   # importlib.import_module names any module
+    ("probe_smuggles_files", False, "PROBE write blocked"),    # a probed package does what it can do
+    ("probe_runs_command", True, "PROBE command"),            # the rules refuse subprocess; without them, the jail
+])
+def test_modules_reached_by_probes_stay_in_the_jail(session, tmp_path, monkeypatch, name, bypass, probe):
+    """The rules let importlib and try-guarded imports of optional packages through, unfollowed: what such a module
+    can do to the host, the jail must stop."""
+    marker = tmp_path / "escaped"
+    source = (CANDIDATES / f"{name}.py").read_text().replace("MARKER_PLACEHOLDER", str(marker))
+    assert bool(check_source(source)) == bypass
+    if bypass:
+        monkeypatch.setattr(rules, "check_source", lambda source: [])
+    r = judge("tiny_add", source, session)
+    assert r.verdict == "correct", r.reasons
+    assert not marker.exists() and probe in r.stdout, r.stdout[-2000:]

@@ -38,7 +38,9 @@ def refused(source: str, fragment: str) -> list[str]:
     ("y = torch.sys.modules", "line 4: torch.sys reaches module sys, which candidates may not use"),
     ("y = torch.builtins.open", "line 4: torch.builtins reaches module builtins, which candidates may not use"),
     ("y = torch.threading.Thread", "line 4: torch.threading reaches module threading"),
-    ("y = torch.importlib.import_module", "line 4: torch.importlib reaches module importlib"),
+    # importlib is there for version probes, as it is imported: the rest of it stays out however it is reached
+    ("y = torch.importlib.reload", "line 4: torch.importlib.reload is not allowed (from importlib candidates may use "
+                                   "import_module, metadata, util)"),
     ("import typing\ny = typing.sys", "line 5: typing.sys reaches module sys"),
     ("import dataclasses\ny = dataclasses.inspect.getsource", "line 5: dataclasses.inspect reaches module inspect"),
     ("import tools.launch\ny = tools.launch.np.load('x')",
@@ -156,8 +158,18 @@ def test_the_rules_that_were_already_there_still_hold(body, reason):
                                         "__future__, contextlib,"),
     ("from . import helpers", "line 4: import from . is not allowed (a candidate is one module)"),
     ("from torch import *", "line 4: star imports are not allowed (name what you need: from torch import ...)"),
-    ("import importlib", "it imports any module by a name known only at run time: for a version check write "
-                         "packaging.version.Version(triton.__version__)"),
+    ("import transformers", "line 4: import of transformers is not allowed (allowed: __future__, contextlib, "
+                            "dataclasses, functools, importlib, math, numpy, operator, packaging.version, "
+                            "tools.launch, torch, torch.autograd, torch.library, torch.nn, torch.nn.functional, "
+                            "triton, triton.language, triton.language.extra.libdevice, triton.runtime, "
+                            "triton.tools.tensor_descriptor, typing); a probe for an optional package imports it "
+                            "inside try: ... except ImportError:"),
+    ("try:\n    import subprocess\nexcept ImportError:\n    subprocess = None",
+     "line 5: import of subprocess is not allowed (allowed: __future__, contextlib, dataclasses, functools, "
+     "importlib, math, numpy, operator, packaging.version, tools.launch, torch, torch.autograd, torch.library, "
+     "torch.nn, torch.nn.functional, triton, triton.language, triton.language.extra.libdevice, triton.runtime, "
+     "triton.tools.tensor_descriptor, typing); the standard library is always there, so a try around its import "
+     "probes nothing"),
     ("def add(a, b):\n    try:\n        return a\n    except Exception:\n        return torch.add(a, b)",
      "fallback to PyTorch (torch.add) in an except handler (let the error surface, or fall back to another kernel)"),
     ("torch.allclose = None", "patches an imported module (keep state in names of your own module)"),
@@ -174,8 +186,8 @@ def test_a_candidate_without_model_new_is_refused():
 def test_reasons_are_single_lines_in_line_order_without_duplicates():
     reasons = check_source(candidate("import os\ny = torch.os.getpid() + torch.os.getpid()\nz = eval('1')"))
     assert reasons == [
-        "line 4: import of os is not allowed (allowed: __future__, contextlib, dataclasses, functools, math, numpy, "
-        "operator, packaging.version, tools.launch, torch, torch.autograd, torch.library, torch.nn, "
+        "line 4: import of os is not allowed (allowed: __future__, contextlib, dataclasses, functools, importlib, math, "
+        "numpy, operator, packaging.version, tools.launch, torch, torch.autograd, torch.library, torch.nn, "
         "torch.nn.functional, triton, triton.language, triton.language.extra.libdevice, triton.runtime, "
         "triton.tools.tensor_descriptor, typing)",
         "line 5: torch.os reaches module os, which candidates may not use",

@@ -2,10 +2,12 @@
 
 A candidate may import torch, triton, math, numpy (for launch scalars) and kloop's PTX helper, and write kernels
 as the public writes them (the Triton tutorials, Liger-Kernel, Unsloth: libdevice functions imported by name,
-Triton functions under names of its own, triton.jit applied as a call, autograd.Function launch wrappers).
+Triton functions under names of its own, triton.jit applied as a call, autograd.Function launch wrappers, Liger's
+platform probes: importlib's version checks, and optional packages imported in a try that does without them).
 `check_source` is early, readable feedback, not the security boundary (the sandbox and the trusted executor are):
 every attribute chain rooted at an import is resolved against the real modules in this trusted process, step by
-step and without calling anything, so no module is reached through another; PyTorch's dispatch machinery, side
+step and without calling anything, so no module is reached through another (what importlib imports by a run-time
+name, or a probed package, is left unfollowed: the jail bounds it); PyTorch's dispatch machinery, side
 streams, file I/O and fallbacks to PyTorch when a kernel fails are refused. Each broken rule is one reason, which
 says what was written and what to write instead; any reason makes the verdict `rejected`.
 
@@ -30,6 +32,7 @@ ALLOWED_IMPORTS = {
     "torch", "torch.nn", "torch.nn.functional", "triton", "triton.language", "triton.language.extra.libdevice",
     "triton.tools.tensor_descriptor", "math", "numpy", "typing", "functools", "dataclasses", "tools.launch",
     "__future__", "contextlib", "operator", "packaging.version", "triton.runtime", "torch.autograd", "torch.library",
+    "importlib",
 }
 # Dotted prefixes off limits (an entry ending in "_" matches every name it begins): PyTorch's dispatch, compiler and
 # autograd machinery, RNG state, files, and streams, events and graphs the timer on the current stream cannot see.
@@ -75,6 +78,11 @@ MEMBERS = {
     "torch.autograd": {"Function", "function"},
     "torch.autograd.function": {"Function", "FunctionCtx", "once_differentiable"},
     "torch.library": {"triton_op", "wrap_triton"},
+    # version and platform probes (Liger's compare_version imports a package by name to read its __version__): a
+    # module reached this way can be any module, so what it does is the jail's and the replay's to stop
+    "importlib": {"import_module", "util", "metadata"},
+    "importlib.util": {"find_spec"},
+    "importlib.metadata": {"version", "PackageNotFoundError"},
     "triton.tools.tensor_descriptor": {"TensorDescriptor"},
     # Packages a candidate only passes through, on the way to the allowed module inside.
     "tools": {"launch"},
@@ -90,7 +98,9 @@ DRIVER_PATHS = {"active", "active.utils", "active.get_active_torch_device", "act
 TRUSTED_ORIGINS = {"torch", "triton", "math", "typing", "__future__"}
 RESTRICTED_ORIGINS = {"numpy": "numpy", "functools": "functools", "_functools": "functools",
                       "dataclasses": "dataclasses", "tools": "tools.launch", "contextlib": "contextlib",
-                      "operator": "operator", "_operator": "operator", "packaging": "packaging.version"}
+                      "operator": "operator", "_operator": "operator", "packaging": "packaging.version",
+                      "importlib": "importlib", "importlib.util": "importlib.util",
+                      "importlib.metadata": "importlib.metadata"}
 FORBIDDEN_NAMES = {
     "eval", "exec", "compile", "__import__", "open", "globals", "locals", "vars", "setattr", "delattr",
     "getattr", "breakpoint", "input", "memoryview", "__builtins__", "__loader__", "__spec__",
@@ -102,8 +112,13 @@ INSTEAD = {"getattr": "name the attribute, as in torch.cuda.device(x.device); ge
            "open": "a kernel's data comes from its inputs and parameters",
            "eval": "write the code itself", "exec": "write the code itself", "compile": "write the code itself",
            "__import__": "import at the top of the module"}
-IMPORT_INSTEAD = {"importlib": "it imports any module by a name known only at run time: for a version check write "
-                              "packaging.version.Version(triton.__version__) >= packaging.version.Version(\"3.0\")"}
+# A try whose handler catches one of these makes the imports in its body probes for optional packages (Liger's
+# is_npu_available: `try: from transformers.utils import is_torch_npu_available ... except Exception: return False`).
+# Where the package is absent the probe fails soft; where it is there, the jail and the replay are the boundary.
+PROBE_HANDLERS = {"ImportError", "ModuleNotFoundError", "Exception"}
+# Packages no probe may name: the standard library (always there: a try around it probes nothing), those whose members
+# the rules decide one by one, and kloop's own.
+NOT_PROBED = {"torch", "triton", "numpy", "packaging", "tools", "sandbox", "agent"}
 # Builtins a module-level constant may be computed with (float("-inf"), int(1e6), min(64, 2 ** 7)).
 NUMERIC_BUILTINS = {"float", "int", "abs", "min", "max", "round", "pow"}
 # Methods that pull tensor values into Python or numpy, where the answer could be computed unseen.
@@ -179,6 +194,34 @@ def _module_allowed(name: str) -> bool:
     if name == "torch" or name.startswith("torch."):
         return not _off_limits(name)
     return name.startswith("triton.language.") or name == "triton.language"
+
+
+def _probe_allowed(name: str) -> bool:
+    """Whether an import of module `name` inside a try that catches its failure is a probe for an optional package."""
+    parts = name.split(".")
+    return parts[0] not in sys.stdlib_module_names and parts[0] not in NOT_PROBED and \
+        not any(part.startswith("_") for part in parts)
+
+
+def _catches_failed_import(handler: ast.ExceptHandler) -> bool:
+    caught = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(c, ast.Name) and c.id in PROBE_HANDLERS for c in caught)
+
+
+def _probe_imports(tree: ast.Module) -> set[int]:
+    """The import statements a try runs in its body, whose handlers catch their failure (not those in a def there:
+    they run later, outside the try)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Try, ast.TryStar)) and any(_catches_failed_import(h) for h in node.handlers):
+            pending = list(node.body)
+            while pending:
+                inner = pending.pop()
+                if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    found.add(id(inner))
+                elif not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    pending.extend(ast.iter_child_nodes(inner))
+    return found
 
 
 def _jit_module_allowed(name: str) -> bool:
@@ -267,7 +310,8 @@ def _foreign(obj, parent) -> str | None:
     top = origin.split(".")[0]
     if top in TRUSTED_ORIGINS:
         return None
-    if top in RESTRICTED_ORIGINS and id(obj) in _allowed_ids(RESTRICTED_ORIGINS[top]):
+    restricted = RESTRICTED_ORIGINS.get(origin) or RESTRICTED_ORIGINS.get(top)
+    if restricted and id(obj) in _allowed_ids(restricted):
         return None
     return f"{origin}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
@@ -565,6 +609,7 @@ class _Checker(ast.NodeVisitor):
         self._decorators: set[int] = set()  # expressions in decorator position, or applying Triton's as a call
         self._exempt: set[int] = set()      # nodes of the accepted forms of wraps and getattr
         self._scopes: list[set[str]] = []   # names local to the functions being visited
+        self._probes = _probe_imports(tree)  # imports in a try that does without them
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 self._import(node)
@@ -580,30 +625,49 @@ class _Checker(ast.NodeVisitor):
             self.reasons.append(reason)
 
     # -- imports and what they bind ----------------------------------------------------------------------------------
+    def _refuse_import(self, node: ast.Import | ast.ImportFrom, written: str, module: str) -> None:
+        allowed = ", ".join(sorted(ALLOWED_IMPORTS))
+        if _probe_allowed(module):
+            instead = "; a probe for an optional package imports it inside try: ... except ImportError:"
+        elif id(node) in self._probes and module.split(".")[0] in sys.stdlib_module_names:
+            instead = "; the standard library is always there, so a try around its import probes nothing"
+        else:
+            instead = ""
+        self._flag(node, f"{written} is not allowed (allowed: {allowed}){instead}")
+
+    def _probe(self, node: ast.Import | ast.ImportFrom, module: str) -> bool:
+        """Whether this import is a probe for an optional package: its names are bound, unresolved (the module is
+        never imported here), and what the candidate does with them is left to the jail and the replay."""
+        return id(node) in self._probes and _probe_allowed(module)
+
     def _import(self, node: ast.Import) -> None:
         for alias in node.names:
-            if not _module_allowed(alias.name):
-                allowed = ", ".join(sorted(ALLOWED_IMPORTS))
-                instead = f"; {IMPORT_INSTEAD[alias.name]}" if alias.name in IMPORT_INSTEAD else ""
-                self._flag(node, f"import of {alias.name} is not allowed (allowed: {allowed}){instead}")
+            top = alias.name.split(".")[0]
+            if self._probe(node, alias.name):
+                name, module = (alias.asname, alias.name) if alias.asname else (top, top)
+                self.bindings[name] = (module, None)
+            elif not _module_allowed(alias.name):
+                self._refuse_import(node, f"import of {alias.name}", alias.name)
             elif alias.asname:
                 self.bindings[alias.asname] = (alias.name, _import(alias.name))
             else:  # `import a.b` binds a, a package this walks through like any other
-                top = alias.name.split(".")[0]
                 _import(alias.name)
                 self.bindings[top] = (top, _import(top))
 
     def _import_from(self, node: ast.ImportFrom) -> None:
         module = node.module or ""
-        if node.level or not (_module_allowed(module) or module in TRANSIT):
-            where = "a candidate is one module" if node.level else f"allowed: {', '.join(sorted(ALLOWED_IMPORTS))}"
-            return self._flag(node, f"import from {'.' * node.level}{module} is not allowed ({where})")
-        parent = _import(module)
+        if node.level:
+            return self._flag(node, f"import from {'.' * node.level}{module} is not allowed (a candidate is one "
+                                    "module)")
+        probe = self._probe(node, module)
+        if not (probe or _module_allowed(module) or module in TRANSIT):
+            return self._refuse_import(node, f"import from {module}", module)
+        parent = None if probe else _import(module)
         for alias in node.names:
             if alias.name == "*":
                 self._flag(node, f"star imports are not allowed (name what you need: from {module} import ...)")
                 continue
-            obj = self._walk(parent, module, [alias.name], node)
+            obj = None if probe else self._walk(parent, module, [alias.name], node)
             self.bindings[alias.asname or alias.name] = (f"{module}.{alias.name}", obj)
         return None
 
@@ -783,7 +847,9 @@ class _Checker(ast.NodeVisitor):
         """What a module-level statement binds each name to, as (what the candidate wrote, the object or None), for
         `from m import f` and `f = <attribute chain>`; other statements bind their names to ('', None)."""
         if isinstance(stmt, ast.ImportFrom) and not stmt.level:
-            parent = _import(stmt.module or "")
+            module = stmt.module or ""
+            # a module the rules refuse, a probe's included, is never imported here
+            parent = _import(module) if _module_allowed(module) or module in TRANSIT else None
             values = {}
             for alias in stmt.names:
                 obj = _MISSING if parent is None else _step(parent, alias.name)
