@@ -254,7 +254,8 @@ def test_trl_trains_only_the_final_verified_turn(runs_db, tmp_path):
     call = offline["completion"][0]["tool_calls"][0]
     assert call["type"] == "function" and call["function"]["name"] == "submit_candidate"
     assert call["function"]["arguments"]["source"] == kernel(1024)       # arguments are objects, not strings
-    assert offline["completion"][0]["content"] == "try: correct"          # the attempt's reasoning
+    # the attempt's reasoning once, as the call's rationale; no text beside the call
+    assert offline["completion"][0]["content"] == "" and call["function"]["arguments"]["rationale"] == "try: correct"
     user = offline["prompt"][1]["content"]
     assert "# Target: vector_add" in user and "        return x + y" in user
     assert "### Attempt 1 (triton): compile_error" in user and "kernel time: median 25.00 us" in user
@@ -283,8 +284,11 @@ def test_trl_trains_only_the_final_verified_turn(runs_db, tmp_path):
             assert verdicts[normalized_kernel_hash(source)] == {"correct"}
 
 
-def test_provenance_fields(runs_db, tmp_path):
+def test_provenance_fields(runs_db, tmp_path, monkeypatch):
     db, ids = runs_db
+    monkeypatch.chdir(db.parent)
+    records, _ = build_records([db.name], options(format="kernelbook"))
+    assert {r["provenance"]["db"] for r in records} == {str(db.resolve())}   # absolute, however it was typed
     records, _ = build_records([db], options(format="trl", license="cc-by-4.0"))
     for row in records:
         p = row["provenance"]
@@ -337,8 +341,101 @@ def test_all_verdicts_rows_carry_labels_and_verdicts(runs_db):
     assert [(r["verdict"], r["label"]) for r in records] == [
         ("correct", True), ("incorrect", False), ("format_error", False)]
     assert [r["verdicts"] for r in records] == [["correct"], ["incorrect"], ["format_error"]]
+    # final: the best verified turn (4, never the branch's last submission), and the failed ones on the way to it
     records, _ = build_records([db], options(format="trl", all_verdicts=True, run_ids=(ids["offline"],)))
-    assert len(records) == 1 and records[0]["verdict"] == "correct"   # the branch's last submission (5 is 4 again)
+    assert [(r["provenance"]["attempt_number"], r["verdict"], r["label"]) for r in records] == [
+        (1, "compile_error", False), (2, "incorrect", False), (4, "correct", True)]
+
+
+def add_marked_run(db) -> str:
+    """An offline run whose kernels start with the offline policy's template line, one of them incorrect."""
+    from tools.export import OFFLINE_MARK
+    store = open_db(db)
+    run_id = store.create_run(target_name="vector_add", target_source=TARGET, policy="offline", model="",
+                              gpu_name=GPU["name"], versions=VERSIONS, baselines={"eager": timing(30.0)})
+    marked = [("incorrect", kernel(32).replace("mask=mask) +", "mask=mask) *"), 40.0),
+              ("correct", kernel(4096), 14.0), ("runtime_error", kernel(8), None)]
+    for turn, (verdict, source, median) in enumerate(marked, 1):
+        header = OFFLINE_MARK + json.dumps({"template": "triton_block", "values": {"BLOCK": turn}}) + "\n"
+        store.add_attempt(run_id, branch=0, turn=turn, **attempt_columns(verdict, header + source, median))
+    store.close()
+    return run_id
+
+
+def exported_units(fmt: str, out: Path) -> list[tuple[str, int, str | None, bool]]:
+    """(run id, attempt number, kernel source as written, weighted) for every submission an export holds: weighted
+    is what a trainer trains on or rewards as verified (trl/rl/verl/kernelbook label, openai weight 1, flashinfer
+    PASSED)."""
+    def source_of(message):
+        sources = submitted_sources([message])
+        if sources:
+            return sources[0]
+        match = re.search(r"```python\n# language: \w+\n(.*)\n```", message.get("content") or "", re.S)
+        return match.group(1) + "\n" if match else None
+
+    units = []
+    if fmt == "flashinfer":
+        for path in (out / "solutions").rglob("*.json"):
+            solution = json.loads(path.read_text())
+            run_id, number = solution["name"].split("_")[1:]
+            trace = next(json.loads(line) for p in (out / "traces").rglob("*.jsonl")
+                         for line in p.read_text().splitlines() if json.loads(line)["solution"] == solution["name"])
+            units.append((run_id, int(number), solution["sources"][0]["content"],
+                          trace["evaluation"]["status"] == "PASSED"))
+        return units
+    if fmt == "verl":
+        import pyarrow.parquet as pq
+        for row in pq.read_table(out).to_pylist():
+            p = json.loads(row["extra_info"]["provenance"])
+            units.append((p["run_id"], p["attempt_number"], source_of({"content": row["extra_info"]["response"]}),
+                          row["extra_info"]["label"]))
+        return units
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    if fmt == "openai":
+        sidecar = [json.loads(line) for line in out.with_name(out.name + ".provenance.jsonl").read_text().splitlines()]
+        for line, side in zip(lines, sidecar):
+            weighted = [m for m in line["messages"] if m.get("weight") == 1]
+            assert len(weighted) == len(side["trained_attempts"]) and weighted[-1] is line["messages"][-1]
+            units += [(side["provenance"]["run_id"], n, source_of(m), True)
+                      for n, m in zip(side["trained_attempts"], weighted)]
+        return units
+    for row in lines:
+        p = row["provenance"]
+        source = row.get("triton_code") or row.get("ptx_code") if fmt == "kernelbook" else source_of(row["completion"][0])
+        units.append((p["run_id"], p["attempt_number"], source, row["label"]))
+    return units
+
+
+@pytest.mark.parametrize("fmt", ["trl", "openai", "rl", "verl", "kernelbook", "flashinfer"])
+def test_no_format_or_flag_weights_a_kernel_that_is_not_correct(runs_db, tmp_path, fmt):
+    """Every format x --train-on x --all-verdicts: what is trained (or labelled, weighted, PASSED) is a correct
+    attempt's kernel byte for byte (less the offline policy's header line); what is not, is a failed one."""
+    from tools.export import without_offline_mark
+    db, ids = runs_db
+    marked = add_marked_run(db)
+    with sqlite3.connect(db) as conn:
+        attempts = {(run, number): (source, verdict) for run, number, source, verdict in conn.execute(
+            "SELECT run_id, number, source, verdict FROM attempts")}
+    for train_on in ("final", "all-correct"):
+        for all_verdicts in (False, True):
+            out = tmp_path / f"{train_on}-{all_verdicts}" / ("out" if fmt == "flashinfer" else
+                                                             f"out.{'parquet' if fmt == 'verl' else 'jsonl'}")
+            out.parent.mkdir()
+            args = ["--format", fmt, "--train-on", train_on] + (["--all-verdicts"] if all_verdicts else [])
+            result = run_export(db, out, *args)
+            assert result.exit_code == 0, (args, result.output)
+            units = exported_units(fmt, out)
+            assert any(weighted for *_, weighted in units), args
+            for run_id, number, source, weighted in units:
+                logged, verdict = attempts[(run_id, number)]
+                assert weighted == (verdict == "correct"), (args, run_id, number, verdict)
+                if source is not None:
+                    assert source == without_offline_mark(logged), (args, run_id, number)
+            numbers = {(r, n) for r, n, *_ in units}
+            if fmt in ("trl", "openai") and train_on == "final":   # the best verified turn, with or without failures
+                assert (ids["offline"], 4) in numbers and (marked, 2) in numbers and (ids["offline"], 3) not in numbers
+            if fmt == "trl" and all_verdicts:
+                assert (marked, 1) in numbers and ((marked, 3) in numbers) == (train_on == "all-correct")
 
 
 def test_openai_weights_schema_sidecar_and_warning(runs_db, tmp_path):
@@ -370,6 +467,10 @@ def test_openai_weights_schema_sidecar_and_warning(runs_db, tmp_path):
         tool_answers = [m for m in line["messages"] if m["role"] == "tool"]
         calls = {c["id"] for m in line["messages"] for c in m.get("tool_calls") or []}
         assert all(m["tool_call_id"] in calls for m in tool_answers)
+    # openai has no label: with --all-verdicts a failed submission is weight-0 context or left out, and it says so
+    result = run_export(db, out, "--format", "openai", "--train-on", "all-correct", "--all-verdicts")
+    assert result.exit_code == 0 and "4 failed submission(s) left out" in result.output, result.output
+    assert [json.loads(line) for line in out.read_text().splitlines()] == lines
     anthropic = next(line for line, side in zip(lines, sidecar) if side["provenance"]["run_id"] == ids["anthropic"])
     assert [m.get("weight") for m in anthropic["messages"] if m["role"] == "assistant"] == [0, 1]  # inspection: 0
 
@@ -511,9 +612,9 @@ def test_kernelbook_starter_and_ptx(tmp_path):
     store.add_attempt(run_id, branch=0, turn=3, **{**attempt_columns("correct", ptx, 10.0), "language": "ptx"})
     store.close()
     rows, _ = build_records([db], options(format="kernelbook", language="triton"))
-    assert rows[0]["triton_code"] == tuned and rows[0]["original_triton_code"] == starter
+    assert rows[0]["triton_code"] == kernel(1024) and rows[0]["original_triton_code"] == kernel(256)  # no header
     rows, _ = build_records([db], options(format="kernelbook", language="ptx"))
-    assert rows[0]["triton_code"] is None and rows[0]["ptx_code"] == ptx and rows[0]["language"] == "ptx"
+    assert rows[0]["triton_code"] is None and rows[0]["ptx_code"] == ptx.split("\n", 1)[1] and rows[0]["language"] == "ptx"
 
 
 def test_exclude_drops_exactly_the_evaluation_problems(runs_db, tmp_path):

@@ -105,6 +105,7 @@ class ExportSummary:
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     splits: dict = field(default_factory=dict)    # split_by: "train"/"test" -> {"rows": n, "targets": n}
+    untrained: int = 0                 # openai --all-verdicts: failed submissions in no line with a trained turn
 
     def lines(self) -> list[str]:
         """What `kloop export` prints after the first line."""
@@ -228,7 +229,7 @@ def _provenance(db_path: Path, run: dict, attempt: dict, license: str | None) ->
     flags = list(result.get("flags") or [])
     return {
         "kloop_version": kloop_version(),
-        "db": str(db_path), "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
+        "db": str(Path(db_path).resolve()), "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
         "branch": attempt.get("branch") or 0, "created_at": attempt.get("created_at"),
         "target_name": run.get("target_name"),
         "target_sha256": run.get("target_sha256") or hashlib.sha256((run.get("target_source") or "").encode()).hexdigest(),
@@ -291,18 +292,24 @@ def offline_turns(run: dict, attempts: list[dict], prompts: Prompts | None, text
     for i, attempt in enumerate(attempts):
         reasoning = attempt.get("reasoning") or ""
         lang = attempt.get("language") or "triton"
-        source = attempt.get("source") or ""
+        source = without_offline_mark(attempt.get("source") or "")
         if text:
             assistant = {"role": "assistant", "content": f"{reasoning}\n\n```python\n# language: {lang}\n"
                                                          f"{source.rstrip()}\n```".lstrip()}
-        else:
-            assistant = {"role": "assistant", "content": reasoning,
+        else:   # the reasoning once, as the call's rationale
+            assistant = {"role": "assistant", "content": "",
                          "tool_calls": [{"id": f"call_{attempt['number']}", "type": "function", "function": {
                              "name": SUBMIT, "arguments": {"language": lang, "source": source,
                                                            "rationale": reasoning}}}]}
         user = {"role": "user", "content": prompts.turn(run, gpu, attempts[:i], i + 1)}
         turns.append(Turn(attempt, [system, user], assistant, tools, list(attempts[:i])))
     return turns
+
+
+def without_offline_mark(source: str) -> str:
+    """An offline-policy kernel without its first line, the policy's own note of the template it rendered (a comment
+    no model should learn to write)."""
+    return source.split("\n", 1)[1] if source.startswith(OFFLINE_MARK) and "\n" in source else source
 
 
 def model_turns(attempts: list[dict], messages: list[dict]) -> list[Turn]:
@@ -559,20 +566,25 @@ class _Builder:
 
     # trl / openai
     def _sft(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
+        """The trained turns (verified only: the best per branch, or every one) and, with all_verdicts, the failed
+        submissions: trl rows with label false; openai context with weight 0 (it has no label)."""
         options = self.options
-        chosen = [t for t in turns if _qualifies(t.attempt, options)]
-        if not chosen:
-            return
-        if options.train_on == "final":
-            if options.all_verdicts:
-                chosen = [chosen[-1]]
-            else:   # the fastest; without timings the earliest (the shortest trajectory to a working kernel)
-                chosen = [min(chosen, key=lambda t: fastest_key(t.attempt))]
+        verified = [t for t in turns if _qualifies(t.attempt, options, all_verdicts=False)]
+        if options.train_on == "final" and verified:
+            # the fastest; without timings the earliest (the shortest trajectory to a working kernel)
+            verified = [min(verified, key=lambda t: fastest_key(t.attempt))]
+        failed = []
+        if options.all_verdicts:
+            # final: the failed submissions on the way to the best verified turn (all of them where none verified)
+            until = verified[-1].attempt["number"] if options.train_on == "final" and verified else math.inf
+            failed = [t for t in turns if t.attempt.get("verdict") != "correct" and t.attempt["number"] < until
+                      and _qualifies(t.attempt, options)]
+        chosen = sorted(verified + failed, key=lambda t: t.attempt["number"])
         fresh = []
         for turn in chosen:
             key = _kernel_key(run, turn.attempt)
             if key is not None and key in self.trained:
-                self.summary.duplicates += 1     # this kernel is trained elsewhere already: not twice
+                self.summary.duplicates += 1     # this kernel is in the export already: not twice
                 continue
             if key is not None:
                 self.trained.add(key)
@@ -595,8 +607,9 @@ class _Builder:
         self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion))
 
     def _openai_rows(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
-        """One line per chain of trained turns: where a later turn's prompt continues an earlier line (a rebuilt
-        offline conversation), the line grows and both submissions carry weight 1; every other assistant turn 0."""
+        """One line per chain of turns: where a later turn's prompt continues an earlier line (a conversation that
+        went on), the line grows. Only verified submissions carry weight 1; a failed one (all_verdicts) is context
+        with weight 0, and a line with nothing to train is left out (OpenAI reads no label: trl has KTO rows)."""
         line: dict | None = None
         for turn in turns:
             if line and turn.prompt[:len(line["messages"])] == line["messages"]:
@@ -605,20 +618,26 @@ class _Builder:
                 if line:
                     self._openai_line(db_path, run, line)
                 line = {"messages": turn.prompt + [turn.completion], "weights": {}, "turns": [], "tools": turn.tools}
-            line["weights"][len(line["messages"]) - 1] = 1
+            if turn.attempt.get("verdict") == "correct":
+                line["weights"][len(line["messages"]) - 1] = 1
             line["turns"].append(turn)
         if line:
             self._openai_line(db_path, run, line)
 
     def _openai_line(self, db_path: Path, run: dict, line: dict) -> None:
+        trained = [t for t in line["turns"] if t.attempt.get("verdict") == "correct"]
+        if not trained:
+            self.summary.untrained += len(line["turns"])
+            return
         messages = openai_messages(line["messages"], line["weights"])
         record = {"messages": messages, "tools": line["tools"]}
-        last = line["turns"][-1]
-        sidecar = {**self._labels(last), "trained_attempts": [t.attempt["number"] for t in line["turns"]],
+        last = trained[-1]
+        sidecar = {**self._labels(last), "trained_attempts": [t.attempt["number"] for t in trained],
+                   "context_attempts": [t.attempt["number"] for t in line["turns"] if t not in trained],
                    "provenance": _provenance(db_path, run, last.attempt, self.options.license)}
-        trained = [m for m in messages if m.get("weight") == 1]
+        weighted = [m for m in messages if m.get("weight") == 1]
         rest = [m for m in messages if m.get("weight") != 1]
-        self._add(record, _text_of(rest) + json.dumps(line["tools"]), _text_of(trained), sidecar=sidecar)
+        self._add(record, _text_of(rest) + json.dumps(line["tools"]), _text_of(weighted), sidecar=sidecar)
 
     # rl / verl
     def _rl(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
@@ -734,7 +753,7 @@ def _starter(attempt: dict, attempts: list[dict]) -> str | None:
         return None
     for other in sorted(attempts, key=lambda a: a["number"]):
         if _template_of(other.get("source") or "") == template:
-            return other.get("source")
+            return without_offline_mark(other.get("source") or "")
     return None
 
 
@@ -749,7 +768,7 @@ def _template_of(source: str) -> str | None:
 
 
 def _kernelbook_record(db_path: Path, run: dict, attempt: dict, attempts: list[dict], license: str | None) -> dict:
-    source = attempt.get("source") or ""
+    source = without_offline_mark(attempt.get("source") or "")
     ptx = attempt.get("language") == "ptx"
     provenance = _provenance(db_path, run, attempt, license)
     return {
@@ -847,7 +866,7 @@ def flashinfer_solution(definition: dict, run: dict, attempt: dict, facts: dict,
                      "target_hardware": [hardware], "entry_point": "main.py::run",
                      "dependencies": ["torch", "triton"] + (["cupy", "kloop (tools.launch)"]
                                                             if attempt.get("language") == "ptx" else [])},
-            "sources": [{"path": "kernel.py", "content": attempt.get("source") or ""},
+            "sources": [{"path": "kernel.py", "content": without_offline_mark(attempt.get("source") or "")},
                         {"path": "main.py", "content": wrapper}],
             "description": (attempt.get("reasoning") or "")[:500]}
 
@@ -909,6 +928,10 @@ def _build(db_paths: list[str | os.PathLike], options: ExportOptions) -> _Builde
         raise ExportError(f"no run {', '.join(sorted(missing))} in {', '.join(map(str, db_paths))}")
     builder.summary.written = len(builder.rows)
     builder.summary.lengths, builder.summary.max_length = length_stats(builder.rows)
+    if builder.summary.untrained:
+        builder.summary.warnings.append(f"{builder.summary.untrained} failed submission(s) left out: an openai line "
+                                        "has no label, so a failed turn is only context (weight 0) before a verified "
+                                        "one; --format trl --all-verdicts writes them as label-false rows (KTO)")
     if options.format == "openai" and 0 < len(builder.rows) < OPENAI_MIN_EXAMPLES:
         builder.summary.warnings.append(f"{len(builder.rows)} example(s): OpenAI fine-tuning needs at least "
                                         f"{OPENAI_MIN_EXAMPLES}")
