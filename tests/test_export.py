@@ -682,10 +682,13 @@ def test_card_and_length_stats(runs_db, tmp_path):
     out = tmp_path / "trl.jsonl"
     result = run_export(db, out, "--format", "trl", "--license", "apache-2.0")
     assert result.exit_code == 0, result.output
-    assert re.search(r"^prompt +chars min \d+ median \d+ p90 \d+ max \d+; est\. tokens min \d+", result.output, re.M)
+    assert re.search(r"^prompt +chars min \d+ median \d+ p90 \d+ max \d+; tokens min \d+", result.output, re.M)
     assert re.search(r"^trained +chars min \d+", result.output, re.M)
-    assert re.search(r"^max_length >= \d+ tokens", result.output, re.M)
+    assert re.search(r"^max_length >= \d+ tokens keeps every row whole .*verl data.max_prompt_length >= \d+.*"
+                     r"tokens: estimate, 2.5 characters per token", result.output, re.M)
     card = (tmp_path / "README.md").read_text()
+    assert re.search(r"verl: `data.max_prompt_length=\d+` \(the longest prompt; verl's default 1024 keeps \d of 3", card)
+    assert re.search(r"TRL \(SFTConfig, KTOConfig\): `max_length=\d+`", card)
     assert card.startswith("---\nlicense: apache-2.0\n") and "kloop_export:\n  format: trl" in card
     assert "3 row(s)" in card and "NVIDIA H100 80GB HBM3" in card and "reward = 0 if" in card
     # a README.md that kloop did not write is left alone
@@ -704,8 +707,40 @@ def test_length_stats_values(runs_db):
         len("submit_candidate")
     stats = builder.summary.lengths
     assert stats["prompt"]["chars"]["max"] == row["prompt"] and stats["prompt"]["tokens"]["max"] == math.ceil(
-        row["prompt"] / 3.5)
-    assert builder.summary.max_length == 1024
+        row["prompt"] / 2.5)   # an estimate that errs long: real BPE tokenizers do 2.7-3.0 characters a token here
+    assert builder.summary.max_length == 1024 and builder.summary.max_prompt == math.ceil(row["prompt"] / 2.5)
+    assert builder.summary.counted_by.startswith("estimate")
+
+
+def test_tokenizer_counts_exactly_through_its_chat_template(runs_db, tmp_path):
+    pytest.importorskip("transformers")
+    from tools.export import _build
+    db, ids = runs_db
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tok")
+    builder = _build([db], options(format="trl", tokenizer=str(tmp_path / "tok")))
+    for row in builder.rows:
+        record = row["record"]
+        tools = json.loads(record["tools"])
+        prompt = tokenizer.apply_chat_template(record["prompt"], tools=tools, add_generation_prompt=True)["input_ids"]
+        whole = tokenizer.apply_chat_template(record["prompt"] + record["completion"], tools=tools)["input_ids"]
+        assert row["tokens"] == (len(prompt), len(whole) - len(prompt))
+    summary = builder.summary
+    assert summary.max_length == max(sum(r["tokens"]) for r in builder.rows)      # exact: not rounded up
+    assert summary.counted_by == f"exact, tokenizer {tmp_path / 'tok'}"
+    result = run_export(db, tmp_path / "x.jsonl", "--format", "trl", "--tokenizer", str(tmp_path / "nothing"))
+    assert result.exit_code == 2 and result.output.startswith("error: --tokenizer") and \
+        len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_openai_lines_over_the_example_limit_are_counted(runs_db, tmp_path, monkeypatch):
+    db, _ = runs_db
+    monkeypatch.setattr("tools.export.OPENAI_MAX_TOKENS", 2000)
+    result = run_export(db, tmp_path / "o.jsonl", "--format", "openai", "--train-on", "all-correct")
+    counts = [math.ceil(len(line) / 2.5) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    match = re.search(r"warning: (\d+) of 4 line\(s\) exceed OpenAI's 2,000-token example limit \(estimate",
+                      result.output)
+    assert match and 0 < int(match.group(1)) <= sum(c > 2000 for c in counts), result.output
 
 
 def test_tools_never_import_agent():
@@ -802,8 +837,8 @@ CHAT_TEMPLATE = (  # a ChatML-like template with tool calls and generation marke
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def tiny_model():
-    """A byte-level tokenizer with CHAT_TEMPLATE and a one-layer random Llama, made here (nothing from a hub)."""
+def tiny_tokenizer():
+    """A byte-level tokenizer with CHAT_TEMPLATE, made here (nothing from a hub)."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -815,6 +850,13 @@ def tiny_model():
                                                      pad_token="<pad>")
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_model():
+    """tiny_tokenizer() and a one-layer random Llama, made here (nothing from a hub)."""
+    import transformers
+    tokenizer = tiny_tokenizer()
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=16384))

@@ -52,9 +52,10 @@ TRAIN_ON = ("final", "all-correct")
 LANGUAGES = ("triton", "ptx")
 # The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
 OFFLINE_MARK = "# kloop-offline: "
-# Token counts are estimated, not tokenized: a rule of thumb of about 3.5 characters per token for BPE tokenizers
-# on this mix of English and Python/PTX (not measured against a tokenizer here; a real one is the final word).
-CHARS_PER_TOKEN = 3.5
+# Without --tokenizer, token counts are an estimate that errs long: BPE tokenizers do 2.7-3.0 characters per token on
+# kloop's rows (Python/PTX with long numbers and indentation), so 2.5 leaves every row whole; --tokenizer counts exactly.
+CHARS_PER_TOKEN = 2.5
+OPENAI_MAX_TOKENS = 65_536   # OpenAI's limit per fine-tuning example
 OPENAI_MIN_EXAMPLES = 10
 # The evaluator's tolerances (tools/verify.py TOLERANCES), by dtype: |out - ref| <= atol + rtol * |ref|.
 TOLERANCES = {"float64": [1e-7, 1e-7], "float32": [1e-4, 1e-4], "float16": [1e-2, 1e-2], "bfloat16": [2e-2, 2e-2],
@@ -92,6 +93,7 @@ class ExportOptions:
     split_by: str | None = None        # "target": train and test files that share no target
     test_fraction: float = 0.1         # of the targets, by a stable hash of each (split_by)
     prompts: Prompts | None = None     # needed for offline-policy runs in chat formats
+    tokenizer: str | None = None       # a local path or an installed name: exact token counts (else an estimate)
 
 
 @dataclass
@@ -102,6 +104,9 @@ class ExportSummary:
     runs: int = 0
     lengths: dict = field(default_factory=dict)   # prompt / trained: {n, chars: {...}, tokens: {...}}
     max_length: int | None = None      # tokens: a trainer's max_length that keeps every row whole
+    max_prompt: int | None = None      # tokens: the longest prompt (verl's data.max_prompt_length)
+    max_trained: int | None = None     # tokens: the longest trained part (verl's data.max_response_length)
+    counted_by: str = ""               # how tokens were counted: "estimate, N characters per token" or the tokenizer
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     splits: dict = field(default_factory=dict)    # split_by: "train"/"test" -> {"rows": n, "targets": n}
@@ -115,10 +120,11 @@ class ExportSummary:
             if stats and stats["n"]:
                 c, t = stats["chars"], stats["tokens"]
                 out.append(f"{part:8s} chars min {c['min']} median {c['median']} p90 {c['p90']} max {c['max']}; "
-                           f"est. tokens min {t['min']} median {t['median']} p90 {t['p90']} max {t['max']}")
+                           f"tokens min {t['min']} median {t['median']} p90 {t['p90']} max {t['max']}")
         if self.max_length:
-            out.append(f"max_length >= {self.max_length} tokens keeps every row whole "
-                       f"(estimated at {CHARS_PER_TOKEN} characters per token)")
+            out.append(f"max_length >= {self.max_length} tokens keeps every row whole (TRL max_length; verl "
+                       f"data.max_prompt_length >= {self.max_prompt}, data.max_response_length >= {self.max_trained}); "
+                       f"tokens: {self.counted_by}")
         out += [f"{name}: {n['rows']} row(s) from {n['targets']} target(s)" for name, n in self.splits.items()]
         return out + [f"warning: {w}" for w in self.warnings]
 
@@ -604,7 +610,8 @@ class _Builder:
         prompt, completion = trl_messages(turn.prompt), trl_messages([turn.completion])
         record = {"prompt": prompt, "completion": completion, "tools": json.dumps(turn.tools),
                   **self._labels(turn), "provenance": _provenance(db_path, run, turn.attempt, self.options.license)}
-        self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion))
+        self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion),
+                  chat=(prompt, completion, turn.tools))
 
     def _openai_rows(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
         """One line per chain of turns: where a later turn's prompt continues an earlier line (a conversation that
@@ -637,7 +644,10 @@ class _Builder:
                    "provenance": _provenance(db_path, run, last.attempt, self.options.license)}
         weighted = [m for m in messages if m.get("weight") == 1]
         rest = [m for m in messages if m.get("weight") != 1]
-        self._add(record, _text_of(rest) + json.dumps(line["tools"]), _text_of(weighted), sidecar=sidecar)
+        first = next(i for i, m in enumerate(messages) if m.get("weight") == 1)
+        chat = trl_messages(line["messages"])
+        self._add(record, _text_of(rest) + json.dumps(line["tools"]), _text_of(weighted), sidecar=sidecar,
+                  chat=(chat[:first], chat[first:], line["tools"]))
 
     # rl / verl
     def _rl(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
@@ -686,7 +696,8 @@ class _Builder:
                                          "shapes": json.dumps(shapes), "tolerances": json.dumps(_tolerances(facts)),
                                          "baselines_us": json.dumps(baselines),
                                          "provenance": json.dumps(provenance, default=str)}}
-            self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion))
+            self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion),
+                      chat=(prompt, completion, turn.tools if self.options.format == "rl" else []))
 
     # kernelbook / flashinfer
     def _kernels(self, db_path: Path, run: dict, branches: dict[int, list[dict]]) -> None:
@@ -723,9 +734,12 @@ class _Builder:
         self._add({"solution": solution, "trace": trace, "provenance": provenance}, definition["reference"],
                   solution["sources"][0]["content"])
 
-    def _add(self, record: dict, prompt_text: str, trained_text: str, sidecar: dict | None = None) -> None:
-        self.rows.append({"record": record, "sidecar": sidecar, "prompt": len(prompt_text), "trained": len(trained_text),
-                          "target": self.target})
+    def _add(self, record: dict, prompt_text: str, trained_text: str, sidecar: dict | None = None,
+             chat: tuple[list[dict], list[dict], list[dict]] | None = None) -> None:
+        """One row; `chat` (prompt messages, trained messages, tools) is what a tokenizer's chat template renders."""
+        self.rows.append({"record": record, "sidecar": sidecar, "prompt_text": prompt_text,
+                          "trained_text": trained_text, "chat": chat, "prompt": len(prompt_text),
+                          "trained": len(trained_text), "target": self.target})
 
 
 def _baselines(run: dict, attempt: dict) -> dict:
@@ -927,7 +941,16 @@ def _build(db_paths: list[str | os.PathLike], options: ExportOptions) -> _Builde
     if missing:
         raise ExportError(f"no run {', '.join(sorted(missing))} in {', '.join(map(str, db_paths))}")
     builder.summary.written = len(builder.rows)
-    builder.summary.lengths, builder.summary.max_length = length_stats(builder.rows)
+    summary = builder.summary
+    counter = TokenCounter(options.tokenizer)
+    summary.lengths, summary.max_length, summary.max_prompt, summary.max_trained = length_stats(builder.rows, counter)
+    summary.counted_by = counter.name
+    if options.format == "openai":
+        over = sum(row["tokens"][0] + row["tokens"][1] > OPENAI_MAX_TOKENS for row in builder.rows)
+        if over:
+            summary.warnings.append(f"{over} of {len(builder.rows)} line(s) exceed OpenAI's {OPENAI_MAX_TOKENS:,}-token "
+                                    f"example limit ({counter.name}): filter them (--language, --train-on final) "
+                                    "or expect OpenAI to refuse the file")
     if builder.summary.untrained:
         builder.summary.warnings.append(f"{builder.summary.untrained} failed submission(s) left out: an openai line "
                                         "has no label, so a failed turn is only context (weight 0) before a verified "
@@ -975,20 +998,73 @@ def split_path(out: Path, name: str) -> Path:
     return out.with_name(f"{out.stem}.{name}{out.suffix}")
 
 
-def length_stats(rows: list[dict]) -> tuple[dict, int | None]:
-    """Characters and estimated tokens of the prompt (context) and the trained part of every row."""
+class TokenCounter:
+    """Tokens of a row: with a tokenizer (a local path or an installed name, never downloaded) exactly, through its
+    chat template where it has one; without, an estimate at CHARS_PER_TOKEN that errs long."""
+
+    def __init__(self, tokenizer: str | None) -> None:
+        self.tokenizer = _load_tokenizer(tokenizer) if tokenizer else None
+        self.name = (f"exact, tokenizer {tokenizer}" if tokenizer else
+                     f"estimate, {CHARS_PER_TOKEN} characters per token (--tokenizer counts exactly)")
+
+    def count(self, row: dict) -> tuple[int, int]:
+        """(prompt tokens, trained tokens)"""
+        if self.tokenizer is None:
+            return math.ceil(row["prompt"] / CHARS_PER_TOKEN), math.ceil(row["trained"] / CHARS_PER_TOKEN)
+        if row["chat"] and getattr(self.tokenizer, "chat_template", None):
+            prompt, trained, tools = row["chat"]
+            before = self._template(prompt, tools, generation=True)
+            whole = self._template(prompt + trained, tools, generation=False)
+            return before, max(whole - before, 0)
+        encode = self.tokenizer.encode
+        return len(encode(row["prompt_text"], add_special_tokens=False)), \
+            len(encode(row["trained_text"], add_special_tokens=False))
+
+    def _template(self, messages: list[dict], tools: list[dict], generation: bool) -> int:
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
+                                                     add_generation_prompt=generation)
+        except Exception as e:   # a template that cannot render these messages: say so, not a wrong count
+            raise ExportError(f"--tokenizer: its chat template cannot render a row ({type(e).__name__}: {e})"[:300]) \
+                from None
+        ids = ids["input_ids"] if not isinstance(ids, list) else ids
+        return len(ids)
+
+
+def _load_tokenizer(name: str):
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ExportError("--tokenizer needs transformers (pip install transformers)") from None
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as e:
+        raise ExportError(f"--tokenizer {name}: no such local or installed tokenizer ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+
+
+def length_stats(rows: list[dict], counter: TokenCounter | None = None) -> tuple[dict, int | None, int | None,
+                                                                                    int | None]:
+    """Characters and tokens of the prompt (context) and the trained part of every row (each row's counts go to its
+    "tokens"); the max_length that keeps every row whole (an estimate rounded up to 1024), the longest prompt and
+    the longest trained part."""
+    counter = counter or TokenCounter(None)
+    for row in rows:
+        row["tokens"] = counter.count(row)
     stats = {}
-    for part in ("prompt", "trained"):
+    for i, part in enumerate(("prompt", "trained")):
         chars = sorted(row[part] for row in rows)
         if not chars:
             stats[part] = {"n": 0}
             continue
-        tokens = [math.ceil(c / CHARS_PER_TOKEN) for c in chars]
+        tokens = sorted(row["tokens"][i] for row in rows)
         stats[part] = {"n": len(chars), "chars": _spread(chars), "tokens": _spread(tokens)}
     if not rows:
-        return stats, None
-    longest = max(math.ceil((row["prompt"] + row["trained"]) / CHARS_PER_TOKEN) for row in rows)
-    return stats, int(math.ceil(longest / 1024) * 1024)
+        return stats, None, None, None
+    longest = max(sum(row["tokens"]) for row in rows)
+    if counter.tokenizer is None:
+        longest = int(math.ceil(longest / 1024) * 1024)
+    return stats, longest, stats["prompt"]["tokens"]["max"], stats["trained"]["tokens"]["max"]
 
 
 def _spread(values: list[int]) -> dict:
@@ -1130,6 +1206,9 @@ and not options.all_verdicts else 'Rows carry each submission verdict (`label` i
 ## Lengths
 {lengths or '- none'}
 
+## Trainer settings
+{_trainer_settings(summary, rows)}
+
 ## Reward (rl, verl)
 {REWARD_FORMULA}.
 
@@ -1139,6 +1218,19 @@ target sha256, where it executed (`executed_on`; no GPU is named for CPU-interpr
 torch and triton versions, timing flags, policy and model, isolation mode and license.
 """
     return "\n".join(yaml) + body
+
+
+def _trainer_settings(summary: ExportSummary, rows: list[dict]) -> str:
+    """What to set so that no row is cut: TRL's max_length, verl's prompt and response lengths (tokens)."""
+    if not summary.max_length:
+        return "- none"
+    fits = sum(row["tokens"][0] <= 1024 for row in rows)
+    return (f"- tokens counted: {summary.counted_by}\n"
+            f"- TRL (SFTConfig, KTOConfig): `max_length={summary.max_length}` keeps every row whole (TRL's default 1024 "
+            f"cuts the trained turn off, or drops it under assistant_only_loss)\n"
+            f"- verl: `data.max_prompt_length={summary.max_prompt}` (the longest prompt; verl's default 1024 keeps "
+            f"{fits} of {len(rows)} prompt(s)), `data.max_response_length={summary.max_trained}` (the longest "
+            f"logged completion; a model's own may run longer)")
 
 
 def export(db_paths: list[str | os.PathLike], out: str | os.PathLike, options: ExportOptions) -> ExportSummary:
