@@ -659,7 +659,7 @@ def test_split_by_target_shares_no_target_between_train_and_test(runs_db, tmp_pa
     assert names["train"] and names["test"] and not names["train"] & names["test"], names
     assert names["train"] | names["test"] == {"vector_add", "vector_mul", "vector_sub", "vector_div"}
     assert len(train) + len(test) == len(whole) and not out.exists()
-    assert f"test: {len(test)} row(s) from {len(names['test'])} target(s)" in result.output
+    assert f"test: {len(test)} row(s) from {len(names['test'])} op(s)" in result.output
     assert "file: rl.train.jsonl, rl.test.jsonl" in (tmp_path / "README.md").read_text()
     alone = run_export(db, tmp_path / "one.jsonl", "--format", "rl", "--split-by", "target", "--run", whole[0][
         "provenance"]["run_id"])   # one target: one side only, and a warning that says so
@@ -978,3 +978,36 @@ def test_reward_function_judges_completions_with_the_evaluator():
     none = reward.score("I am done.", reference)
     assert (none.verdict, none.reward) == ("format_error", 0.0)
     assert reward.compute_score("kloop/tiny_add", "no code here", reference, {"language": "triton"}) == 0.0
+
+
+def test_exclude_and_split_go_by_the_op(tmp_path):
+    """An older release of a problem (sizes, constants, comments changed) excludes runs of the new one; the split
+    keeps KernelBench's 23_Softmax and the built-in softmax on one side, whatever the fraction."""
+    from test_decontaminate import SOFTMAX_V1, SOFTMAX_V2
+    from tools.export import _build
+    from tools.targets import path_of
+    db = tmp_path / "ops.db"
+    store = open_db(db)
+    targets = {"softmax": path_of("softmax").read_text(), "23_Softmax": SOFTMAX_V2, "vector_add": TARGET,
+               "vector_mul": TARGET.replace("x + y", "x * y"), "vector_sub": TARGET.replace("x + y", "x - y")}
+    for name, source in targets.items():
+        run = store.create_run(target_name=name, target_source=source, policy="offline", model="", versions=VERSIONS)
+        store.add_attempt(run, branch=0, turn=1, **attempt_columns("correct", f"# {name}\n" + kernel(64), 20.0))
+    store.close()
+    rows = _build([db], options(format="kernelbook")).rows
+    assert len({r["target"] for r in rows}) == 4     # five targets, four ops
+    for fraction in (0.2, 0.4, 0.6, 0.8):
+        sides = split_targets((r["target"] for r in rows), fraction)
+        side = {r["record"]["entry_point"]: sides[r["target"]] for r in rows}
+        assert side["softmax"] == side["23_Softmax"], (fraction, side)
+    old = tmp_path / "KernelBench-2024" / "level1"
+    old.mkdir(parents=True)
+    (old / "23_Softmax.py").write_text(SOFTMAX_V1)
+    out = tmp_path / "kb.jsonl"
+    result = run_export(db, out, "--format", "kernelbook", "--exclude", str(old.parent))
+    assert result.exit_code == 0, result.output
+    assert sorted(r["entry_point"] for r in load(out)) == ["vector_add", "vector_mul", "vector_sub"]
+    assert re.search(r"^excluded 23_Softmax \(run \w+\): level1/23_Softmax.py, the same op graph \(_softmax;",
+                     result.output, re.M) and "excluded softmax (run" in result.output, result.output
+    card = (tmp_path / "README.md").read_text()
+    assert "## Decontamination" in card and "- softmax (run" in card and ": 2 run(s)." in card

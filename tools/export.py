@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tools import wire
+from tools.decontaminate import DecontaminationError, load_problems, match, problem
 from tools.store import Store, StoreError, fastest_key, open_db
 from tools.wire import SUBMIT
 
@@ -56,6 +57,7 @@ OFFLINE_MARK = "# kloop-offline: "
 # kloop's rows (Python/PTX with long numbers and indentation), so 2.5 leaves every row whole; --tokenizer counts exactly.
 CHARS_PER_TOKEN = 2.5
 OPENAI_MAX_TOKENS = 65_536   # OpenAI's limit per fine-tuning example
+SHOWN_EXCLUSIONS = 10        # excluded runs printed (the card lists every one)
 OPENAI_MIN_EXAMPLES = 10
 # The evaluator's tolerances (tools/verify.py TOLERANCES), by dtype: |out - ref| <= atol + rtol * |ref|.
 TOLERANCES = {"float64": [1e-7, 1e-7], "float32": [1e-4, 1e-4], "float16": [1e-2, 1e-2], "bfloat16": [2e-2, 2e-2],
@@ -109,7 +111,8 @@ class ExportSummary:
     counted_by: str = ""               # how tokens were counted: "estimate, N characters per token" or the tokenizer
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    splits: dict = field(default_factory=dict)    # split_by: "train"/"test" -> {"rows": n, "targets": n}
+    splits: dict = field(default_factory=dict)    # split_by: "train"/"test" -> {"rows": n, "targets": n (op groups)}
+    exclusions: list = field(default_factory=list)   # {"run_id", "target", "problem", "why"} per run left out
     untrained: int = 0                 # openai --all-verdicts: failed submissions in no line with a trained turn
 
     def lines(self) -> list[str]:
@@ -125,7 +128,11 @@ class ExportSummary:
             out.append(f"max_length >= {self.max_length} tokens keeps every row whole (TRL max_length; verl "
                        f"data.max_prompt_length >= {self.max_prompt}, data.max_response_length >= {self.max_trained}); "
                        f"tokens: {self.counted_by}")
-        out += [f"{name}: {n['rows']} row(s) from {n['targets']} target(s)" for name, n in self.splits.items()]
+        out += [f"{name}: {n['rows']} row(s) from {n['targets']} op(s)" for name, n in self.splits.items()]
+        out += [f"excluded {e['target']} (run {e['run_id']}): {e['problem']}, {e['why']}"
+                for e in self.exclusions[:SHOWN_EXCLUSIONS]]
+        if len(self.exclusions) > SHOWN_EXCLUSIONS:
+            out.append(f"... and {len(self.exclusions) - SHOWN_EXCLUSIONS} more excluded run(s), each in the card")
         return out + [f"warning: {w}" for w in self.warnings]
 
 
@@ -179,24 +186,6 @@ def _is_python(text: str) -> bool:
     except (SyntaxError, ValueError):
         return False
     return True
-
-
-def excluded_hashes(paths: Iterable[str | os.PathLike]) -> set[str]:
-    """Normalized source hashes of every problem in the given files and folders (KernelBench-style .py files)."""
-    hashes = set()
-    for path in map(Path, paths):
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*.py") if p.is_file())
-        elif path.is_file():
-            files = [path]
-        else:
-            raise ExportError(f"--exclude {path}: no such file or folder")
-        for file in files:
-            try:
-                hashes.add(normalized_target_hash(file.read_text()))
-            except (OSError, UnicodeDecodeError) as e:
-                raise ExportError(f"--exclude {file}: cannot read it ({e})") from None
-    return hashes
 
 
 def _select_runs(store: Store, run_ids: Iterable[str]) -> list[dict]:
@@ -544,14 +533,21 @@ class _Builder:
         self.summary = ExportSummary()
         self.rows: list[dict] = []         # {"record", "sidecar", "prompt_text", "trained_text", ...}
         self.trained: set[str] = set()     # kernel keys already trained on (or, in rl/flashinfer, already written)
-        self.exclude = excluded_hashes(options.exclude) if options.exclude else set()
+        try:
+            self.exclude = load_problems(options.exclude) if options.exclude else []
+        except DecontaminationError as e:
+            raise ExportError(str(e)) from None
         self.flashinfer: dict = {"definitions": {}, "workloads": {}, "solutions": [], "traces": []}
-        self.target = ""                   # the normalized hash of the run being read (split_by)
+        self.target = ""                   # the op group of the run being read (split_by: one side per op)
 
     def run(self, db_path: Path, store: Store, run: dict) -> None:
-        self.target = normalized_target_hash(run.get("target_source") or "")   # every row _add makes is this one's
-        if self.target in self.exclude:
+        target = problem(run.get("target_source") or "", run.get("target_name") or run["id"])
+        self.target = target.group   # every row _add makes is this run's
+        matched = match(target, self.exclude) if self.exclude else None
+        if matched:
             self.summary.excluded += 1
+            self.summary.exclusions.append({"run_id": run["id"], "target": target.name, "problem": matched[0].name,
+                                            "why": matched[1]})
             return
         fmt = self.options.format
         branches = _clean_branches(store.attempts(run["id"]), self.options)
@@ -1195,8 +1191,8 @@ and not options.all_verdicts else 'Rows carry each submission verdict (`label` i
   min speedup: {options.min_speedup}; rule-breaking trajectories: {'kept' if options.include_rejected else 'left out'}
 - duplicates left out: {summary.duplicates}; rows excluded as evaluation problems: {summary.excluded}
   ({', '.join(options.exclude) or 'no --exclude given'})
-- split: {'; '.join(f"`{split_path(out, k).name}` {v['rows']} row(s), {v['targets']} target(s)"
-                   for k, v in summary.splits.items()) + ' (no target in both)' if summary.splits else 'none'}
+- split: {'; '.join(f"`{split_path(out, k).name}` {v['rows']} row(s), {v['targets']} op(s)"
+                   for k, v in summary.splits.items()) + ' (no op on both sides: targets are grouped by the op they compute)' if summary.splits else 'none'}
 - targets: {', '.join(targets)}
 - executed on: {', '.join(gpus)}
 - policies: {', '.join(policies)}
@@ -1209,6 +1205,9 @@ and not options.all_verdicts else 'Rows carry each submission verdict (`label` i
 ## Trainer settings
 {_trainer_settings(summary, rows)}
 
+## Decontamination
+{_exclusions(options, summary)}
+
 ## Reward (rl, verl)
 {REWARD_FORMULA}.
 
@@ -1218,6 +1217,17 @@ target sha256, where it executed (`executed_on`; no GPU is named for CPU-interpr
 torch and triton versions, timing flags, policy and model, isolation mode and license.
 """
     return "\n".join(yaml) + body
+
+
+def _exclusions(options: ExportOptions, summary: ExportSummary) -> str:
+    if not options.exclude:
+        return "- no --exclude given"
+    head = (f"Runs whose target computes the same op as a problem in {', '.join(options.exclude)} are left out "
+            "(tools/decontaminate.py: the same traced aten op graph with sizes and numbers abstracted, the same "
+            "normalized source, or a near-duplicate source where the op cannot be traced): "
+            f"{summary.excluded} run(s).")
+    return "\n".join([head, ""] + [f"- {e['target']} (run {e['run_id']}): {e['problem']}, {e['why']}"
+                                   for e in summary.exclusions])
 
 
 def _trainer_settings(summary: ExportSummary, rows: list[dict]) -> str:
