@@ -117,6 +117,17 @@ def test_an_untraceable_problem_falls_back_to_a_near_duplicate_source():
     assert found and found[1].startswith("a near-duplicate source (similarity 0.")
 
 
+def test_a_problem_of_the_same_name_matches_though_its_math_changed():
+    l1_2024 = SOFTMAX_V1.replace("torch.softmax(x, dim=1)", "x / torch.sum(torch.abs(x), dim=1, keepdim=True)")
+    l1_2025 = l1_2024.replace("torch.sum", "torch.mean")      # KernelBench fixed the reference
+    assert problem(l1_2024, "a").op != problem(l1_2025, "b").op
+    found = match(problem(l1_2025, "38_L1Norm_"), [problem(SOFTMAX_V1, "level1/23_Softmax.py"),
+                                                  problem(l1_2024, "level1/38_L1Norm_.py")])
+    assert found[0].name == "level1/38_L1Norm_.py" and found[1] == "the same problem name"
+    assert match(problem(SOFTMAX_V2, "23_Softmax"), [problem(SOFTMAX_V1, "level1/23_Softmax.py")])[1] == \
+        "the same problem name and op graph"
+
+
 def test_builtin_softmax_and_kernelbench_softmax_are_one_op():
     builtin = problem(path_of("softmax").read_text(), "softmax")
     assert builtin.group == problem(SOFTMAX_V1, "23_Softmax").group

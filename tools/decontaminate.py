@@ -8,7 +8,9 @@ problem of an older checkout. A problem here is known by:
   source    its source without comments, docstrings and layout, with number literals and module-level constant
             names renamed: an exact key, and 5-token shingles for a near-duplicate test where the op cannot be traced
 
-Where both ops were traced, they decide: the same op graph matches, and two that differ never match on the source
+A problem of the same name (the file's stem: a run of 38_L1Norm_ and level1/38_L1Norm_.py) matches first, as a
+release may fix a reference's math (KernelBench's L1 norm went from a sum to a mean). Otherwise, where both ops were
+traced, they decide: the same op graph matches, and two that differ never match on the source
 (KernelBench's ReLU and Sigmoid differ by one token; a renamed constant may be a flag that changes the op). Where
 either could not be traced, the same normalized source matches, or a near duplicate (5-token shingles' Jaccard >=
 NEAR_DUPLICATE).
@@ -67,7 +69,13 @@ _CACHE: dict[str, Problem] = {}
 
 
 def match(target: Problem, problems: Iterable[Problem]) -> tuple[Problem, str] | None:
-    """The first evaluation problem the target matches, and why; None when it matches none."""
+    """The evaluation problem the target matches, and why; None when it matches none. A problem of the same name
+    (a run of KernelBench's 38_L1Norm_ and level1/38_L1Norm_.py) goes first: a release may fix a reference's math."""
+    problems = list(problems)
+    stem = Path(target.name).stem
+    for other in problems:
+        if Path(other.name).stem == stem:
+            return other, "the same problem name" + (" and op graph" if target.op and target.op == other.op else "")
     near = None
     for other in problems:
         if target.op and other.op:   # both traced: the op decides (a constant may be a flag that changes it)
