@@ -1013,3 +1013,23 @@ def test_exclude_and_split_go_by_the_op(tmp_path):
                      result.output, re.M), result.output
     card = (tmp_path / "README.md").read_text()
     assert "## Decontamination" in card and "- softmax (run" in card and ": 2 run(s)." in card
+
+
+def test_group_by_target_gives_grpo_groups_with_contrast(runs_db, tmp_path):
+    db, ids = runs_db
+    by_prompt, summary = build_records([db], options(format="rl"))
+    assert summary.groups == {"by": "prompt", "groups": len(by_prompt), "rows": len(by_prompt), "contrast": 0}
+    by_target, summary = build_records([db], options(format="rl", group_by="target"))
+    # one target, one language: every attempt of the three runs (offline branch 0, anthropic, openai) in one group
+    assert len({r["group_id"] for r in by_target}) == 1 and len(by_target) == len(by_prompt)
+    assert summary.groups["contrast"] == 1 and len({r["reward"] for r in by_target}) > 1
+    out = tmp_path / "rl.parquet"
+    result = run_export(db, out, "--format", "verl", "--group-by", "target")
+    assert result.exit_code == 0 and "group_id by target: 1 group(s) of 8 row(s); 1 with more than one distinct " \
+        "reward" in result.output, result.output
+    card = (tmp_path / "README.md").read_text()
+    # the compile error and the format error ran nothing
+    assert "- rewards judged on: NVIDIA H100 80GB HBM3: 6 row(s); nothing (no kernel ran): 2 row(s)" in card, card
+    assert "1 with more than one distinct reward" in card
+    bad = run_export(db, out, "--format", "rl", "--group-by", "run")
+    assert bad.exit_code == 2 and "unknown --group-by 'run'" in bad.output

@@ -50,6 +50,7 @@ from tools.wire import SUBMIT
 FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
 SPLITS = ("train", "test")
 TRAIN_ON = ("final", "all-correct")
+GROUP_BY = ("prompt", "target")   # rl/verl group_id: rows with the same prompt, or every attempt at one target
 LANGUAGES = ("triton", "ptx")
 # The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
 OFFLINE_MARK = "# kloop-offline: "
@@ -96,6 +97,7 @@ class ExportOptions:
     test_fraction: float = 0.1         # of the targets, by a stable hash of each (split_by)
     prompts: Prompts | None = None     # needed for offline-policy runs in chat formats
     tokenizer: str | None = None       # a local path or an installed name: exact token counts (else an estimate)
+    group_by: str = "prompt"           # rl/verl group_id (GROUP_BY)
 
 
 @dataclass
@@ -113,6 +115,8 @@ class ExportSummary:
     warnings: list[str] = field(default_factory=list)
     splits: dict = field(default_factory=dict)    # split_by: "train"/"test" -> {"rows": n, "targets": n (op groups)}
     exclusions: list = field(default_factory=list)   # {"run_id", "target", "problem", "why"} per run left out
+    groups: dict = field(default_factory=dict)       # rl/verl: {"by", "groups", "rows", "contrast"}: contrast counts
+                                                     # the groups with more than one distinct reward (GRPO learns there)
     untrained: int = 0                 # openai --all-verdicts: failed submissions in no line with a trained turn
 
     def lines(self) -> list[str]:
@@ -128,6 +132,10 @@ class ExportSummary:
             out.append(f"max_length >= {self.max_length} tokens keeps every row whole (TRL max_length; verl "
                        f"data.max_prompt_length >= {self.max_prompt}, data.max_response_length >= {self.max_trained}); "
                        f"tokens: {self.counted_by}")
+        if self.groups:
+            g = self.groups
+            out.append(f"group_id by {g['by']}: {g['groups']} group(s) of {g['rows']} row(s); {g['contrast']} with more "
+                       "than one distinct reward (a GRPO group without one teaches nothing)")
         out += [f"{name}: {n['rows']} row(s) from {n['targets']} op(s)" for name, n in self.splits.items()]
         out += [f"excluded {e['target']} (run {e['run_id']}): {e['problem']}, {e['why']}"
                 for e in self.exclusions[:SHOWN_EXCLUSIONS]]
@@ -661,7 +669,11 @@ class _Builder:
                 self.trained.add(key)
             components = reward_components(attempt)
             reward = scalar_reward(components)
-            group_id = hashlib.sha256(json.dumps(plain_messages(turn.prompt), sort_keys=True).encode()).hexdigest()[:16]
+            if self.options.group_by == "target":   # every attempt at this target, across runs and turns
+                group = f"target:{normalized_target_hash(source)}:{attempt.get('language') or ''}"
+            else:
+                group = json.dumps(plain_messages(turn.prompt), sort_keys=True)
+            group_id = hashlib.sha256(group.encode()).hexdigest()[:16]
             baselines = _baselines(run, attempt)
             provenance = _provenance(db_path, run, attempt, self.options.license)
             shapes = {"sizes": facts.get("sizes"), **(facts.get("shapes") or {}),
@@ -694,6 +706,7 @@ class _Builder:
                                          "provenance": json.dumps(provenance, default=str)}}
             self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion),
                       chat=(prompt, completion, turn.tools if self.options.format == "rl" else []))
+            self.rows[-1].update(group=group_id, reward=reward)
 
     # kernelbook / flashinfer
     def _kernels(self, db_path: Path, run: dict, branches: dict[int, list[dict]]) -> None:
@@ -938,6 +951,12 @@ def _build(db_paths: list[str | os.PathLike], options: ExportOptions) -> _Builde
         raise ExportError(f"no run {', '.join(sorted(missing))} in {', '.join(map(str, db_paths))}")
     builder.summary.written = len(builder.rows)
     summary = builder.summary
+    if options.format in ("rl", "verl") and builder.rows:
+        rewards: dict[str, set] = {}
+        for row in builder.rows:
+            rewards.setdefault(row["group"], set()).add(row["reward"])
+        summary.groups = {"by": options.group_by, "groups": len(rewards), "rows": len(builder.rows),
+                          "contrast": sum(len(r) > 1 for r in rewards.values())}
     counter = TokenCounter(options.tokenizer)
     summary.lengths, summary.max_length, summary.max_prompt, summary.max_trained = length_stats(builder.rows, counter)
     summary.counted_by = counter.name
@@ -964,6 +983,8 @@ def _check_options(options: ExportOptions) -> None:
         raise ExportError(f"unknown --train-on {options.train_on!r} (final or all-correct)")
     if options.language and options.language not in LANGUAGES:
         raise ExportError(f"unknown language {options.language!r} (triton or ptx)")
+    if options.group_by not in GROUP_BY:
+        raise ExportError(f"unknown --group-by {options.group_by!r} (prompt or target)")
     if options.split_by not in (None, "target"):
         raise ExportError(f"unknown --split-by {options.split_by!r} (target)")
     if options.split_by and not 0 < options.test_fraction < 1:
@@ -1210,7 +1231,7 @@ and not options.all_verdicts else 'Rows carry each submission verdict (`label` i
 
 ## Reward (rl, verl)
 {REWARD_FORMULA}.
-
+{_reward_notes(summary, provenance) if options.format in ('rl', 'verl') else ''}
 ## Provenance
 Every row (openai: the line-aligned `{out.name}.provenance.jsonl`) names the kloop version, run and attempt ids,
 target sha256, where it executed (`executed_on`; no GPU is named for CPU-interpreter attempts), GPU, driver, CUDA,
@@ -1228,6 +1249,21 @@ def _exclusions(options: ExportOptions, summary: ExportSummary) -> str:
             f"{summary.excluded} run(s).")
     return "\n".join([head, ""] + [f"- {e['target']} (run {e['run_id']}): {e['problem']}, {e['why']}"
                                    for e in summary.exclusions])
+
+
+def _reward_notes(summary: ExportSummary, provenance: list[dict]) -> str:
+    """Which device judged the rows' rewards, and how many GRPO groups hold a contrast."""
+    judged: dict[str, int] = {}
+    for p in provenance:
+        device = p.get("gpu") or "a GPU" if p.get("executed_on") == "cuda" else \
+            "the Triton CPU interpreter (correctness only, untimed: a verified kernel scores 1.0)" \
+            if p.get("executed_on") == "cpu-interpreter" else "nothing (no kernel ran)"
+        judged[device] = judged.get(device, 0) + 1
+    g = summary.groups
+    return ("\n- rewards judged on: " + "; ".join(f"{device}: {n} row(s)" for device, n in sorted(judged.items())) +
+            (f"\n- `group_id` by {g['by']}: {g['groups']} group(s) of {g['rows']} row(s); {g['contrast']} with more "
+             f"than one distinct reward (GRPO learns only from those; `--group-by target` puts every attempt at a "
+             f"target in one group)" if g else "") + "\n")
 
 
 def _trainer_settings(summary: ExportSummary, rows: list[dict]) -> str:
