@@ -3,19 +3,23 @@
 Formats (`ExportOptions.format`):
   trl        prompt/completion rows: the conversation before a submission is context, the submitting assistant turn
              is the trained part. `train_on="final"`: one row per branch, ending at its best verified kernel;
-             `"all-correct"`: one row per verified turn (failed turns stay in the prompt as context only).
-  openai     chat fine-tuning lines (`messages`, `tools`): `weight: 0` on every assistant turn that is not a verified
-             submission trained here; provenance, labels and verdicts go to a line-aligned sidecar file.
+             `"all-correct"`: one row per verified turn (failed turns stay in the prompt as context only);
+             `all_verdicts`: failed submissions as their own rows with label false (KTO).
+  openai     chat fine-tuning lines (`messages`, `tools`): `weight: 1` only on verified submissions, 0 on every other
+             assistant turn (openai has no label: a failed submission is only ever context); provenance, labels and
+             verdicts go to a line-aligned sidecar file.
   rl         one row per turn, every verdict: prompt, completion, reference source, shapes, tolerances, baselines,
-             reward components, a scalar reward (REWARD_FORMULA), `label`, and a `group_id` per prompt (GRPO).
+             reward components, a scalar reward (REWARD_FORMULA), `label`, and a `group_id` (GRPO) per prompt or
+             per target (`group_by`).
   verl       the rl rows in verl's parquet schema (data_source, prompt, ability, reward_model, extra_info).
   kernelbook one row per run: the target (python_code) and its best verified kernel, KernelBook's columns.
   flashinfer a FlashInfer Trace directory: definitions/, workloads/, solutions/, traces/.
 
 Every row carries provenance (kloop version, target sha256, where it executed, GPU/driver/CUDA/torch/triton, timing
 flags, run and attempt ids, policy/model, the user's license); a dataset card (README.md with a YAML header) is
-written next to the export. `exclude` drops every row whose target is an evaluation problem (normalized source hash);
-`split_by="target"` writes train and test files that share no target (the same normalized hash).
+written next to the export. `exclude` drops every run whose target computes the same op as an evaluation problem
+(tools/decontaminate.py); `split_by="target"` writes train and test files that share no op. Token counts are exact
+with `tokenizer`, else an estimate that errs long (CHARS_PER_TOKEN).
 
 Layering: tools/ never imports agent/. Offline-policy runs log no model requests, so their conversations are
 rebuilt with the model policies' wording, which the caller passes as `Prompts` (agent.prompting.export_prompts()).
@@ -55,7 +59,7 @@ LANGUAGES = ("triton", "ptx")
 # The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
 OFFLINE_MARK = "# kloop-offline: "
 # Without --tokenizer, token counts are an estimate that errs long: BPE tokenizers do 2.7-3.0 characters per token on
-# kloop's rows (Python/PTX with long numbers and indentation), so 2.5 leaves every row whole; --tokenizer counts exactly.
+# kloop's rows (Python/PTX: long numbers, indentation), so 2.5 leaves every row whole; --tokenizer counts exactly.
 CHARS_PER_TOKEN = 2.5
 OPENAI_MAX_TOKENS = 65_536   # OpenAI's limit per fine-tuning example
 SHOWN_EXCLUSIONS = 10        # excluded runs printed (the card lists every one)
@@ -134,8 +138,8 @@ class ExportSummary:
                        f"tokens: {self.counted_by}")
         if self.groups:
             g = self.groups
-            out.append(f"group_id by {g['by']}: {g['groups']} group(s) of {g['rows']} row(s); {g['contrast']} with more "
-                       "than one distinct reward (a GRPO group without one teaches nothing)")
+            out.append(f"group_id by {g['by']}: {g['groups']} group(s) of {g['rows']} row(s); {g['contrast']} with "
+                       "more than one distinct reward (a GRPO group without one teaches nothing)")
         out += [f"{name}: {n['rows']} row(s) from {n['targets']} op(s)" for name, n in self.splits.items()]
         out += [f"excluded {e['target']} (run {e['run_id']}): {e['problem']}, {e['why']}"
                 for e in self.exclusions[:SHOWN_EXCLUSIONS]]
@@ -232,7 +236,8 @@ def _provenance(db_path: Path, run: dict, attempt: dict, license: str | None) ->
     flags = list(result.get("flags") or [])
     return {
         "kloop_version": kloop_version(),
-        "db": str(Path(db_path).resolve()), "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
+        "db": str(Path(db_path).resolve()),
+        "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
         "branch": attempt.get("branch") or 0, "created_at": attempt.get("created_at"),
         "target_name": run.get("target_name"),
         "target_sha256": run.get("target_sha256") or hashlib.sha256((run.get("target_source") or "").encode()).hexdigest(),
@@ -963,9 +968,9 @@ def _build(db_paths: list[str | os.PathLike], options: ExportOptions) -> _Builde
     if options.format == "openai":
         over = sum(row["tokens"][0] + row["tokens"][1] > OPENAI_MAX_TOKENS for row in builder.rows)
         if over:
-            summary.warnings.append(f"{over} of {len(builder.rows)} line(s) exceed OpenAI's {OPENAI_MAX_TOKENS:,}-token "
-                                    f"example limit ({counter.name}): filter them (--language, --train-on final) "
-                                    "or expect OpenAI to refuse the file")
+            summary.warnings.append(f"{over} of {len(builder.rows)} line(s) exceed OpenAI's {OPENAI_MAX_TOKENS:,}-"
+                                    f"token example limit ({counter.name}): filter them (--language, --train-on "
+                                    "final) or expect OpenAI to refuse the file")
     if builder.summary.untrained:
         builder.summary.warnings.append(f"{builder.summary.untrained} failed submission(s) left out: an openai line "
                                         "has no label, so a failed turn is only context (weight 0) before a verified "
@@ -1213,7 +1218,7 @@ and not options.all_verdicts else 'Rows carry each submission verdict (`label` i
 - duplicates left out: {summary.duplicates}; rows excluded as evaluation problems: {summary.excluded}
   ({', '.join(options.exclude) or 'no --exclude given'})
 - split: {'; '.join(f"`{split_path(out, k).name}` {v['rows']} row(s), {v['targets']} op(s)"
-                   for k, v in summary.splits.items()) + ' (no op on both sides: targets are grouped by the op they compute)' if summary.splits else 'none'}
+                   for k, v in summary.splits.items()) + ' (no op on both sides)' if summary.splits else 'none'}
 - targets: {', '.join(targets)}
 - executed on: {', '.join(gpus)}
 - policies: {', '.join(policies)}
@@ -1272,8 +1277,8 @@ def _trainer_settings(summary: ExportSummary, rows: list[dict]) -> str:
         return "- none"
     fits = sum(row["tokens"][0] <= 1024 for row in rows)
     return (f"- tokens counted: {summary.counted_by}\n"
-            f"- TRL (SFTConfig, KTOConfig): `max_length={summary.max_length}` keeps every row whole (TRL's default 1024 "
-            f"cuts the trained turn off, or drops it under assistant_only_loss)\n"
+            f"- TRL (SFTConfig, KTOConfig): `max_length={summary.max_length}` keeps every row whole (TRL's default "
+            f"1024 cuts the trained turn off, or drops it under assistant_only_loss)\n"
             f"- verl: `data.max_prompt_length={summary.max_prompt}` (the longest prompt; verl's default 1024 keeps "
             f"{fits} of {len(rows)} prompt(s)), `data.max_response_length={summary.max_trained}` (the longest "
             f"logged completion; a model's own may run longer)")
