@@ -908,7 +908,7 @@ def test_kto_trains_on_the_label_column(runs_db, tmp_path):
     out = tmp_path / "kto.jsonl"
     assert run_export(db, out, "--format", "trl", "--all-verdicts").exit_code == 0
     rows = load(out)
-    assert sorted(rows["label"]) == [False, True, True]   # a failed submission is an undesirable example
+    assert sorted(rows["label"]) == [False, False, True, True, True]   # failed submissions: undesirable examples
     tokenizer, model = tiny_model()
     dataset = rows.remove_columns([c for c in rows.column_names if c not in ("prompt", "completion", "label")])
     longest = max(len(json.dumps(r["prompt"])) + len(json.dumps(r["completion"])) for r in rows)
