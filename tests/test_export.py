@@ -685,7 +685,7 @@ def test_card_and_length_stats(runs_db, tmp_path):
     assert re.search(r"^prompt +chars min \d+ median \d+ p90 \d+ max \d+; tokens min \d+", result.output, re.M)
     assert re.search(r"^trained +chars min \d+", result.output, re.M)
     assert re.search(r"^max_length >= \d+ tokens keeps every row whole .*verl data.max_prompt_length >= \d+.*"
-                     r"tokens: estimate, 2.5 characters per token", result.output, re.M)
+                     r"tokens: estimate, 2.0 characters per token", result.output, re.M)
     card = (tmp_path / "README.md").read_text()
     assert re.search(r"verl: `data.max_prompt_length=\d+` \(the longest prompt; verl's default 1024 keeps \d of 3", card)
     assert re.search(r"TRL \(SFTConfig, KTOConfig\): `max_length=\d+`", card)
@@ -707,8 +707,8 @@ def test_length_stats_values(runs_db):
         len("submit_candidate")
     stats = builder.summary.lengths
     assert stats["prompt"]["chars"]["max"] == row["prompt"] and stats["prompt"]["tokens"]["max"] == math.ceil(
-        row["prompt"] / 2.5)   # an estimate that errs long: real BPE tokenizers do 2.7-3.0 characters a token here
-    assert builder.summary.max_length == 1024 and builder.summary.max_prompt == math.ceil(row["prompt"] / 2.5)
+        row["prompt"] / 2.0)   # an estimate that errs long: BPE tokenizers did 2.07-3.1 characters a token here
+    assert builder.summary.max_length == 1024 and builder.summary.max_prompt == math.ceil(row["prompt"] / 2.0)
     assert builder.summary.counted_by.startswith("estimate")
 
 
@@ -737,7 +737,7 @@ def test_openai_lines_over_the_example_limit_are_counted(runs_db, tmp_path, monk
     db, _ = runs_db
     monkeypatch.setattr("tools.export.OPENAI_MAX_TOKENS", 2000)
     result = run_export(db, tmp_path / "o.jsonl", "--format", "openai", "--train-on", "all-correct")
-    counts = [math.ceil(len(line) / 2.5) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    counts = [math.ceil(len(line) / 2.0) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     match = re.search(r"warning: (\d+) of 4 line\(s\) exceed OpenAI's 2,000-token example limit \(estimate",
                       result.output)
     assert match and 0 < int(match.group(1)) <= sum(c > 2000 for c in counts), result.output

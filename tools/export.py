@@ -58,9 +58,10 @@ GROUP_BY = ("prompt", "target")   # rl/verl group_id: rows with the same prompt,
 LANGUAGES = ("triton", "ptx")
 # The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
 OFFLINE_MARK = "# kloop-offline: "
-# Without --tokenizer, token counts are an estimate that errs long: BPE tokenizers do 2.7-3.0 characters per token on
-# kloop's rows (Python/PTX: long numbers, indentation), so 2.5 leaves every row whole; --tokenizer counts exactly.
-CHARS_PER_TOKEN = 2.5
+# Without --tokenizer, token counts are an estimate that errs long. Real tokenizers did 2.7-3.0 characters per token on
+# kloop's rows (issue 37); a byte-level BPE trained on the exports (results/trainers-round2) did 2.07-3.1 per row
+# (median 2.8; PTX and long numbers lowest), so 2.0 leaves every row whole. --tokenizer counts exactly.
+CHARS_PER_TOKEN = 2.0
 OPENAI_MAX_TOKENS = 65_536   # OpenAI's limit per fine-tuning example
 SHOWN_EXCLUSIONS = 10        # excluded runs printed (the card lists every one)
 OPENAI_MIN_EXAMPLES = 10
