@@ -343,7 +343,9 @@ def step_grpo(work: Path, tokenizer: Path, report: dict, steps: int, evaluations
     report["grpo"] = {"steps": trainer.state.global_step, "rewards_seen": seen, "seconds": round(time.time() - t, 1)}
     # the template's own tool-call text, scored against the same call given as structured tool_calls
     from sandbox.evaluate import Session
-    verified = [r for r in rows if r["label"] and r["target_name"] in ("vector_add", "gelu", "row_sum")][:evaluations]
+    # one verified Triton kernel per small target (a PTX kernel cannot run on the CPU: runtime_error, 0.1)
+    verified = [next(r for r in rows if r["label"] and r["target_name"] == name and r["language"] == "triton")
+                for name in ("vector_add", "gelu", "row_sum", "softmax")][:evaluations]
     scored = []
     with Session(spares=0) as session:
         for row in verified:
@@ -366,8 +368,8 @@ def step_verl(work: Path, report: dict, evaluations: int) -> None:
 
     from agent import reward
     rows = pq.read_table(work / "bench" / "bench.verl.final.parquet").to_pylist()
-    verified = [r for r in rows if r["extra_info"]["label"] and r["data_source"] in
-                ("kloop/vector_add", "kloop/gelu", "kloop/row_sum")][:evaluations]
+    verified = [r for r in rows if r["extra_info"]["label"] and r["extra_info"]["language"] == "triton" and
+                r["data_source"] in ("kloop/vector_add", "kloop/gelu", "kloop/row_sum")][:evaluations]
     scores = []
     for row in verified:
         t = time.time()
@@ -435,7 +437,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="where exports go (default: a temp folder)")
     parser.add_argument("--kernelbench", type=Path, nargs="*", default=[])
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--evaluations", type=int, default=2, help="CPU evaluations per reward check")
+    parser.add_argument("--evaluations", type=int, default=4, help="CPU evaluations per reward check")
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="kloop-trainers-"))
