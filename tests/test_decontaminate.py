@@ -133,6 +133,12 @@ def test_builtin_softmax_and_kernelbench_softmax_are_one_op():
     assert builtin.group == problem(SOFTMAX_V1, "23_Softmax").group
 
 
+def test_a_file_that_is_no_problem_is_never_run(tmp_path):
+    script = f"open({str(tmp_path / 'ran')!r}, 'w')\n"      # a script found in an --exclude folder
+    assert problem(script, "setup.py").trace_error.startswith("not a KernelBench-style module")
+    assert not (tmp_path / "ran").exists()
+
+
 def test_normalized_tokens_rename_constants_and_drop_docstrings():
     tokens = normalized_tokens('"""doc"""\nN = 16  # size\ndef f():\n    """inner"""\n    return N * 2\n')
     assert tokens == ["C", "=", "0", "def", "f", "(", ")", ":", "return", "C", "*", "0"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,8 @@ def op_graph(source: str) -> tuple[list[str] | None, str | None]:
     except ImportError as e:
         return None, f"no torch ({e})"
 
+    if not re.search(r"^class Model\b", source, re.M) or not re.search(r"^def get_inputs\b", source, re.M):
+        return None, "not a KernelBench-style module (no class Model and get_inputs): not run"
     graph: list[str] = []
 
     class Recorder(TorchDispatchMode):
