@@ -26,6 +26,8 @@ def export_command(
     exclude: List[Path] = typer.Option([], "--exclude", help="evaluation problems (KernelBench-style files or folders): rows of matching targets are left out (repeatable)"),
     split_by: Optional[str] = typer.Option(None, "--split-by", help="target: write OUT's .train and .test files, no target in both"),
     test_fraction: float = typer.Option(0.1, "--test-fraction", help="with --split-by: the share of targets in test (by a stable hash of each)"),
+    group_by: str = typer.Option("prompt", "--group-by", help="rl/verl group_id: prompt (rows with the same prompt) or target (every attempt at one target, across runs: GRPO groups with contrast)"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="a tokenizer's local path or installed name (never downloaded): exact token counts; without it they are a conservative estimate"),
 ) -> None:
     """Write training data from run databases; only verified kernels are trained on (see README, Harvesting)."""
     from agent.prompting import export_prompts
@@ -34,7 +36,8 @@ def export_command(
     options = ExportOptions(format=format, train_on=train_on, min_speedup=min_speedup, language=language,
                             include_rejected=include_rejected, all_verdicts=all_verdicts, run_ids=tuple(run),
                             license=license, exclude=tuple(map(str, exclude)), split_by=split_by,
-                            test_fraction=test_fraction, prompts=export_prompts())
+                            test_fraction=test_fraction, tokenizer=tokenizer, group_by=group_by,
+                            prompts=export_prompts())
     try:
         summary = export(db, out, options)
     except ExportError as e:

@@ -11,14 +11,16 @@
     #       (ground_truth = the reference source, as `kloop export --format verl` writes; KLOOP_SERVE_URL and
     #        KLOOP_SERVE_TOKEN say where the service is)
 
-The candidate is taken out of a completion as agent/reward.py does (a fenced ```python block, an assistant message,
-a conversation, a submit_candidate tool call); a completion without one scores 0 (format_error) without a request.
+The candidate is taken out of a completion as agent/reward.py does (a submit_candidate call, structured or in any chat
+template's text: Qwen/Hermes, Llama 3, Mistral, plain JSON; else a fenced ```python block); a completion without one
+scores 0 (format_error) without a request. Which device judged each reward is logged ("kloop.reward").
 The reward is the service's (tools.export.REWARD_FORMULA). A request the service refuses as full (429) is sent again
 after its Retry-After, with the same idempotency key, so a retried request is never evaluated twice.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import urllib.error
@@ -29,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 DEFAULT_URL = "http://127.0.0.1:8765"
+log = logging.getLogger("kloop.reward")
 
 
 class ServeError(Exception):
@@ -137,6 +140,9 @@ def completion_reward(client: ServeClient, completion: Any, target: str, languag
         error = answer.get("error") or {}
         raise ServeError(f"no reward for request {answer.get('id')}: {error.get('kind')}: {error.get('message')}",
                          200, answer)
+    result = answer.get("result") or {}
+    log.info("kloop reward %s (%s) judged on %s by %s", answer["reward"], result.get("verdict"),
+             result.get("executed_on"), client.url)
     return float(answer["reward"])
 
 

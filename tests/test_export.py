@@ -254,7 +254,8 @@ def test_trl_trains_only_the_final_verified_turn(runs_db, tmp_path):
     call = offline["completion"][0]["tool_calls"][0]
     assert call["type"] == "function" and call["function"]["name"] == "submit_candidate"
     assert call["function"]["arguments"]["source"] == kernel(1024)       # arguments are objects, not strings
-    assert offline["completion"][0]["content"] == "try: correct"          # the attempt's reasoning
+    # the attempt's reasoning once, as the call's rationale; no text beside the call
+    assert offline["completion"][0]["content"] == "" and call["function"]["arguments"]["rationale"] == "try: correct"
     user = offline["prompt"][1]["content"]
     assert "# Target: vector_add" in user and "        return x + y" in user
     assert "### Attempt 1 (triton): compile_error" in user and "kernel time: median 25.00 us" in user
@@ -283,8 +284,11 @@ def test_trl_trains_only_the_final_verified_turn(runs_db, tmp_path):
             assert verdicts[normalized_kernel_hash(source)] == {"correct"}
 
 
-def test_provenance_fields(runs_db, tmp_path):
+def test_provenance_fields(runs_db, tmp_path, monkeypatch):
     db, ids = runs_db
+    monkeypatch.chdir(db.parent)
+    records, _ = build_records([db.name], options(format="kernelbook"))
+    assert {r["provenance"]["db"] for r in records} == {str(db.resolve())}   # absolute, however it was typed
     records, _ = build_records([db], options(format="trl", license="cc-by-4.0"))
     for row in records:
         p = row["provenance"]
@@ -337,8 +341,101 @@ def test_all_verdicts_rows_carry_labels_and_verdicts(runs_db):
     assert [(r["verdict"], r["label"]) for r in records] == [
         ("correct", True), ("incorrect", False), ("format_error", False)]
     assert [r["verdicts"] for r in records] == [["correct"], ["incorrect"], ["format_error"]]
+    # final: the best verified turn (4, never the branch's last submission), and the failed ones on the way to it
     records, _ = build_records([db], options(format="trl", all_verdicts=True, run_ids=(ids["offline"],)))
-    assert len(records) == 1 and records[0]["verdict"] == "correct"   # the branch's last submission (5 is 4 again)
+    assert [(r["provenance"]["attempt_number"], r["verdict"], r["label"]) for r in records] == [
+        (1, "compile_error", False), (2, "incorrect", False), (4, "correct", True)]
+
+
+def add_marked_run(db) -> str:
+    """An offline run whose kernels start with the offline policy's template line, one of them incorrect."""
+    from tools.export import OFFLINE_MARK
+    store = open_db(db)
+    run_id = store.create_run(target_name="vector_add", target_source=TARGET, policy="offline", model="",
+                              gpu_name=GPU["name"], versions=VERSIONS, baselines={"eager": timing(30.0)})
+    marked = [("incorrect", kernel(32).replace("mask=mask) +", "mask=mask) *"), 40.0),
+              ("correct", kernel(4096), 14.0), ("runtime_error", kernel(8), None)]
+    for turn, (verdict, source, median) in enumerate(marked, 1):
+        header = OFFLINE_MARK + json.dumps({"template": "triton_block", "values": {"BLOCK": turn}}) + "\n"
+        store.add_attempt(run_id, branch=0, turn=turn, **attempt_columns(verdict, header + source, median))
+    store.close()
+    return run_id
+
+
+def exported_units(fmt: str, out: Path) -> list[tuple[str, int, str | None, bool]]:
+    """(run id, attempt number, kernel source as written, weighted) for every submission an export holds: weighted
+    is what a trainer trains on or rewards as verified (trl/rl/verl/kernelbook label, openai weight 1, flashinfer
+    PASSED)."""
+    def source_of(message):
+        sources = submitted_sources([message])
+        if sources:
+            return sources[0]
+        match = re.search(r"```python\n# language: \w+\n(.*)\n```", message.get("content") or "", re.S)
+        return match.group(1) + "\n" if match else None
+
+    units = []
+    if fmt == "flashinfer":
+        for path in (out / "solutions").rglob("*.json"):
+            solution = json.loads(path.read_text())
+            run_id, number = solution["name"].split("_")[1:]
+            trace = next(json.loads(line) for p in (out / "traces").rglob("*.jsonl")
+                         for line in p.read_text().splitlines() if json.loads(line)["solution"] == solution["name"])
+            units.append((run_id, int(number), solution["sources"][0]["content"],
+                          trace["evaluation"]["status"] == "PASSED"))
+        return units
+    if fmt == "verl":
+        import pyarrow.parquet as pq
+        for row in pq.read_table(out).to_pylist():
+            p = json.loads(row["extra_info"]["provenance"])
+            units.append((p["run_id"], p["attempt_number"], source_of({"content": row["extra_info"]["response"]}),
+                          row["extra_info"]["label"]))
+        return units
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    if fmt == "openai":
+        sidecar = [json.loads(line) for line in out.with_name(out.name + ".provenance.jsonl").read_text().splitlines()]
+        for line, side in zip(lines, sidecar):
+            weighted = [m for m in line["messages"] if m.get("weight") == 1]
+            assert len(weighted) == len(side["trained_attempts"]) and weighted[-1] is line["messages"][-1]
+            units += [(side["provenance"]["run_id"], n, source_of(m), True)
+                      for n, m in zip(side["trained_attempts"], weighted)]
+        return units
+    for row in lines:
+        p = row["provenance"]
+        source = row.get("triton_code") or row.get("ptx_code") if fmt == "kernelbook" else source_of(row["completion"][0])
+        units.append((p["run_id"], p["attempt_number"], source, row["label"]))
+    return units
+
+
+@pytest.mark.parametrize("fmt", ["trl", "openai", "rl", "verl", "kernelbook", "flashinfer"])
+def test_no_format_or_flag_weights_a_kernel_that_is_not_correct(runs_db, tmp_path, fmt):
+    """Every format x --train-on x --all-verdicts: what is trained (or labelled, weighted, PASSED) is a correct
+    attempt's kernel byte for byte (less the offline policy's header line); what is not, is a failed one."""
+    from tools.export import without_offline_mark
+    db, ids = runs_db
+    marked = add_marked_run(db)
+    with sqlite3.connect(db) as conn:
+        attempts = {(run, number): (source, verdict) for run, number, source, verdict in conn.execute(
+            "SELECT run_id, number, source, verdict FROM attempts")}
+    for train_on in ("final", "all-correct"):
+        for all_verdicts in (False, True):
+            out = tmp_path / f"{train_on}-{all_verdicts}" / ("out" if fmt == "flashinfer" else
+                                                             f"out.{'parquet' if fmt == 'verl' else 'jsonl'}")
+            out.parent.mkdir()
+            args = ["--format", fmt, "--train-on", train_on] + (["--all-verdicts"] if all_verdicts else [])
+            result = run_export(db, out, *args)
+            assert result.exit_code == 0, (args, result.output)
+            units = exported_units(fmt, out)
+            assert any(weighted for *_, weighted in units), args
+            for run_id, number, source, weighted in units:
+                logged, verdict = attempts[(run_id, number)]
+                assert weighted == (verdict == "correct"), (args, run_id, number, verdict)
+                if source is not None:
+                    assert source == without_offline_mark(logged), (args, run_id, number)
+            numbers = {(r, n) for r, n, *_ in units}
+            if fmt in ("trl", "openai") and train_on == "final":   # the best verified turn, with or without failures
+                assert (ids["offline"], 4) in numbers and (marked, 2) in numbers and (ids["offline"], 3) not in numbers
+            if fmt == "trl" and all_verdicts:
+                assert (marked, 1) in numbers and ((marked, 3) in numbers) == (train_on == "all-correct")
 
 
 def test_openai_weights_schema_sidecar_and_warning(runs_db, tmp_path):
@@ -370,6 +467,10 @@ def test_openai_weights_schema_sidecar_and_warning(runs_db, tmp_path):
         tool_answers = [m for m in line["messages"] if m["role"] == "tool"]
         calls = {c["id"] for m in line["messages"] for c in m.get("tool_calls") or []}
         assert all(m["tool_call_id"] in calls for m in tool_answers)
+    # openai has no label: with --all-verdicts a failed submission is weight-0 context or left out, and it says so
+    result = run_export(db, out, "--format", "openai", "--train-on", "all-correct", "--all-verdicts")
+    assert result.exit_code == 0 and "4 failed submission(s) left out" in result.output, result.output
+    assert [json.loads(line) for line in out.read_text().splitlines()] == lines
     anthropic = next(line for line, side in zip(lines, sidecar) if side["provenance"]["run_id"] == ids["anthropic"])
     assert [m.get("weight") for m in anthropic["messages"] if m["role"] == "assistant"] == [0, 1]  # inspection: 0
 
@@ -511,9 +612,9 @@ def test_kernelbook_starter_and_ptx(tmp_path):
     store.add_attempt(run_id, branch=0, turn=3, **{**attempt_columns("correct", ptx, 10.0), "language": "ptx"})
     store.close()
     rows, _ = build_records([db], options(format="kernelbook", language="triton"))
-    assert rows[0]["triton_code"] == tuned and rows[0]["original_triton_code"] == starter
+    assert rows[0]["triton_code"] == kernel(1024) and rows[0]["original_triton_code"] == kernel(256)  # no header
     rows, _ = build_records([db], options(format="kernelbook", language="ptx"))
-    assert rows[0]["triton_code"] is None and rows[0]["ptx_code"] == ptx and rows[0]["language"] == "ptx"
+    assert rows[0]["triton_code"] is None and rows[0]["ptx_code"] == ptx.split("\n", 1)[1] and rows[0]["language"] == "ptx"
 
 
 def test_exclude_drops_exactly_the_evaluation_problems(runs_db, tmp_path):
@@ -558,7 +659,7 @@ def test_split_by_target_shares_no_target_between_train_and_test(runs_db, tmp_pa
     assert names["train"] and names["test"] and not names["train"] & names["test"], names
     assert names["train"] | names["test"] == {"vector_add", "vector_mul", "vector_sub", "vector_div"}
     assert len(train) + len(test) == len(whole) and not out.exists()
-    assert f"test: {len(test)} row(s) from {len(names['test'])} target(s)" in result.output
+    assert f"test: {len(test)} row(s) from {len(names['test'])} op(s)" in result.output
     assert "file: rl.train.jsonl, rl.test.jsonl" in (tmp_path / "README.md").read_text()
     alone = run_export(db, tmp_path / "one.jsonl", "--format", "rl", "--split-by", "target", "--run", whole[0][
         "provenance"]["run_id"])   # one target: one side only, and a warning that says so
@@ -581,10 +682,13 @@ def test_card_and_length_stats(runs_db, tmp_path):
     out = tmp_path / "trl.jsonl"
     result = run_export(db, out, "--format", "trl", "--license", "apache-2.0")
     assert result.exit_code == 0, result.output
-    assert re.search(r"^prompt +chars min \d+ median \d+ p90 \d+ max \d+; est\. tokens min \d+", result.output, re.M)
+    assert re.search(r"^prompt +chars min \d+ median \d+ p90 \d+ max \d+; tokens min \d+", result.output, re.M)
     assert re.search(r"^trained +chars min \d+", result.output, re.M)
-    assert re.search(r"^max_length >= \d+ tokens", result.output, re.M)
+    assert re.search(r"^max_length >= \d+ tokens keeps every row whole .*verl data.max_prompt_length >= \d+.*"
+                     r"tokens: estimate, 2.0 characters per token", result.output, re.M)
     card = (tmp_path / "README.md").read_text()
+    assert re.search(r"verl: `data.max_prompt_length=\d+` \(the longest prompt; verl's default 1024 keeps \d of 3", card)
+    assert re.search(r"TRL \(SFTConfig, KTOConfig\): `max_length=\d+`", card)
     assert card.startswith("---\nlicense: apache-2.0\n") and "kloop_export:\n  format: trl" in card
     assert "3 row(s)" in card and "NVIDIA H100 80GB HBM3" in card and "reward = 0 if" in card
     # a README.md that kloop did not write is left alone
@@ -603,8 +707,40 @@ def test_length_stats_values(runs_db):
         len("submit_candidate")
     stats = builder.summary.lengths
     assert stats["prompt"]["chars"]["max"] == row["prompt"] and stats["prompt"]["tokens"]["max"] == math.ceil(
-        row["prompt"] / 3.5)
-    assert builder.summary.max_length == 1024
+        row["prompt"] / 2.0)   # an estimate that errs long: BPE tokenizers did 2.07-3.1 characters a token here
+    assert builder.summary.max_length == 1024 and builder.summary.max_prompt == math.ceil(row["prompt"] / 2.0)
+    assert builder.summary.counted_by.startswith("estimate")
+
+
+def test_tokenizer_counts_exactly_through_its_chat_template(runs_db, tmp_path):
+    pytest.importorskip("transformers")
+    from tools.export import _build
+    db, ids = runs_db
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tok")
+    builder = _build([db], options(format="trl", tokenizer=str(tmp_path / "tok")))
+    for row in builder.rows:
+        record = row["record"]
+        tools = json.loads(record["tools"])
+        prompt = tokenizer.apply_chat_template(record["prompt"], tools=tools, add_generation_prompt=True)["input_ids"]
+        whole = tokenizer.apply_chat_template(record["prompt"] + record["completion"], tools=tools)["input_ids"]
+        assert row["tokens"] == (len(prompt), len(whole) - len(prompt))
+    summary = builder.summary
+    assert summary.max_length == max(sum(r["tokens"]) for r in builder.rows)      # exact: not rounded up
+    assert summary.counted_by == f"exact, tokenizer {tmp_path / 'tok'}"
+    result = run_export(db, tmp_path / "x.jsonl", "--format", "trl", "--tokenizer", str(tmp_path / "nothing"))
+    assert result.exit_code == 2 and result.output.startswith("error: --tokenizer") and \
+        len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_openai_lines_over_the_example_limit_are_counted(runs_db, tmp_path, monkeypatch):
+    db, _ = runs_db
+    monkeypatch.setattr("tools.export.OPENAI_MAX_TOKENS", 2000)
+    result = run_export(db, tmp_path / "o.jsonl", "--format", "openai", "--train-on", "all-correct")
+    counts = [math.ceil(len(line) / 2.0) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    match = re.search(r"warning: (\d+) of 4 line\(s\) exceed OpenAI's 2,000-token example limit \(estimate",
+                      result.output)
+    assert match and 0 < int(match.group(1)) <= sum(c > 2000 for c in counts), result.output
 
 
 def test_tools_never_import_agent():
@@ -701,8 +837,8 @@ CHAT_TEMPLATE = (  # a ChatML-like template with tool calls and generation marke
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def tiny_model():
-    """A byte-level tokenizer with CHAT_TEMPLATE and a one-layer random Llama, made here (nothing from a hub)."""
+def tiny_tokenizer():
+    """A byte-level tokenizer with CHAT_TEMPLATE, made here (nothing from a hub)."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -714,6 +850,13 @@ def tiny_model():
                                                      pad_token="<pad>")
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_model():
+    """tiny_tokenizer() and a one-layer random Llama, made here (nothing from a hub)."""
+    import transformers
+    tokenizer = tiny_tokenizer()
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=2, max_position_embeddings=16384))
@@ -765,7 +908,7 @@ def test_kto_trains_on_the_label_column(runs_db, tmp_path):
     out = tmp_path / "kto.jsonl"
     assert run_export(db, out, "--format", "trl", "--all-verdicts").exit_code == 0
     rows = load(out)
-    assert sorted(rows["label"]) == [False, True, True]   # a failed submission is an undesirable example
+    assert sorted(rows["label"]) == [False, False, True, True, True]   # failed submissions: undesirable examples
     tokenizer, model = tiny_model()
     dataset = rows.remove_columns([c for c in rows.column_names if c not in ("prompt", "completion", "label")])
     longest = max(len(json.dumps(r["prompt"])) + len(json.dumps(r["completion"])) for r in rows)
@@ -835,3 +978,58 @@ def test_reward_function_judges_completions_with_the_evaluator():
     none = reward.score("I am done.", reference)
     assert (none.verdict, none.reward) == ("format_error", 0.0)
     assert reward.compute_score("kloop/tiny_add", "no code here", reference, {"language": "triton"}) == 0.0
+
+
+def test_exclude_and_split_go_by_the_op(tmp_path):
+    """An older release of a problem (sizes, constants, comments changed) excludes runs of the new one; the split
+    keeps KernelBench's 23_Softmax and the built-in softmax on one side, whatever the fraction."""
+    from test_decontaminate import SOFTMAX_V1, SOFTMAX_V2
+    from tools.export import _build
+    from tools.targets import path_of
+    db = tmp_path / "ops.db"
+    store = open_db(db)
+    targets = {"softmax": path_of("softmax").read_text(), "23_Softmax": SOFTMAX_V2, "vector_add": TARGET,
+               "vector_mul": TARGET.replace("x + y", "x * y"), "vector_sub": TARGET.replace("x + y", "x - y")}
+    for name, source in targets.items():
+        run = store.create_run(target_name=name, target_source=source, policy="offline", model="", versions=VERSIONS)
+        store.add_attempt(run, branch=0, turn=1, **attempt_columns("correct", f"# {name}\n" + kernel(64), 20.0))
+    store.close()
+    rows = _build([db], options(format="kernelbook")).rows
+    assert len({r["target"] for r in rows}) == 4     # five targets, four ops
+    for fraction in (0.2, 0.4, 0.6, 0.8):
+        sides = split_targets((r["target"] for r in rows), fraction)
+        side = {r["record"]["entry_point"]: sides[r["target"]] for r in rows}
+        assert side["softmax"] == side["23_Softmax"], (fraction, side)
+    old = tmp_path / "KernelBench-2024" / "level1"
+    old.mkdir(parents=True)
+    (old / "23_Softmax.py").write_text(SOFTMAX_V1)
+    out = tmp_path / "kb.jsonl"
+    result = run_export(db, out, "--format", "kernelbook", "--exclude", str(old.parent))
+    assert result.exit_code == 0, result.output
+    assert sorted(r["entry_point"] for r in load(out)) == ["vector_add", "vector_mul", "vector_sub"]
+    assert re.search(r"^excluded 23_Softmax \(run \w+\): level1/23_Softmax.py, the same problem name and op graph$",
+                     result.output, re.M), result.output
+    assert re.search(r"^excluded softmax \(run \w+\): level1/23_Softmax.py, the same op graph \(_softmax; sizes",
+                     result.output, re.M), result.output
+    card = (tmp_path / "README.md").read_text()
+    assert "## Decontamination" in card and "- softmax (run" in card and ": 2 run(s)." in card
+
+
+def test_group_by_target_gives_grpo_groups_with_contrast(runs_db, tmp_path):
+    db, ids = runs_db
+    by_prompt, summary = build_records([db], options(format="rl"))
+    assert summary.groups == {"by": "prompt", "groups": len(by_prompt), "rows": len(by_prompt), "contrast": 0}
+    by_target, summary = build_records([db], options(format="rl", group_by="target"))
+    # one target, one language: every attempt of the three runs (offline branch 0, anthropic, openai) in one group
+    assert len({r["group_id"] for r in by_target}) == 1 and len(by_target) == len(by_prompt)
+    assert summary.groups["contrast"] == 1 and len({r["reward"] for r in by_target}) > 1
+    out = tmp_path / "rl.parquet"
+    result = run_export(db, out, "--format", "verl", "--group-by", "target")
+    assert result.exit_code == 0 and "group_id by target: 1 group(s) of 8 row(s); 1 with more than one distinct " \
+        "reward" in result.output, result.output
+    card = (tmp_path / "README.md").read_text()
+    # the compile error and the format error ran nothing
+    assert "- rewards judged on: NVIDIA H100 80GB HBM3: 6 row(s); nothing (no kernel ran): 2 row(s)" in card, card
+    assert "1 with more than one distinct reward" in card
+    bad = run_export(db, out, "--format", "rl", "--group-by", "run")
+    assert bad.exit_code == 2 and "unknown --group-by 'run'" in bad.output

@@ -3,19 +3,23 @@
 Formats (`ExportOptions.format`):
   trl        prompt/completion rows: the conversation before a submission is context, the submitting assistant turn
              is the trained part. `train_on="final"`: one row per branch, ending at its best verified kernel;
-             `"all-correct"`: one row per verified turn (failed turns stay in the prompt as context only).
-  openai     chat fine-tuning lines (`messages`, `tools`): `weight: 0` on every assistant turn that is not a verified
-             submission trained here; provenance, labels and verdicts go to a line-aligned sidecar file.
+             `"all-correct"`: one row per verified turn (failed turns stay in the prompt as context only);
+             `all_verdicts`: failed submissions as their own rows with label false (KTO).
+  openai     chat fine-tuning lines (`messages`, `tools`): `weight: 1` only on verified submissions, 0 on every other
+             assistant turn (openai has no label: a failed submission is only ever context); provenance, labels and
+             verdicts go to a line-aligned sidecar file.
   rl         one row per turn, every verdict: prompt, completion, reference source, shapes, tolerances, baselines,
-             reward components, a scalar reward (REWARD_FORMULA), `label`, and a `group_id` per prompt (GRPO).
+             reward components, a scalar reward (REWARD_FORMULA), `label`, and a `group_id` (GRPO) per prompt or
+             per target (`group_by`).
   verl       the rl rows in verl's parquet schema (data_source, prompt, ability, reward_model, extra_info).
   kernelbook one row per run: the target (python_code) and its best verified kernel, KernelBook's columns.
   flashinfer a FlashInfer Trace directory: definitions/, workloads/, solutions/, traces/.
 
 Every row carries provenance (kloop version, target sha256, where it executed, GPU/driver/CUDA/torch/triton, timing
 flags, run and attempt ids, policy/model, the user's license); a dataset card (README.md with a YAML header) is
-written next to the export. `exclude` drops every row whose target is an evaluation problem (normalized source hash);
-`split_by="target"` writes train and test files that share no target (the same normalized hash).
+written next to the export. `exclude` drops every run whose target computes the same op as an evaluation problem
+(tools/decontaminate.py); `split_by="target"` writes train and test files that share no op. Token counts are exact
+with `tokenizer`, else an estimate that errs long (CHARS_PER_TOKEN).
 
 Layering: tools/ never imports agent/. Offline-policy runs log no model requests, so their conversations are
 rebuilt with the model policies' wording, which the caller passes as `Prompts` (agent.prompting.export_prompts()).
@@ -43,18 +47,23 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tools import wire
+from tools.decontaminate import DecontaminationError, load_problems, match, problem
 from tools.store import Store, StoreError, fastest_key, open_db
 from tools.wire import SUBMIT
 
 FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
 SPLITS = ("train", "test")
 TRAIN_ON = ("final", "all-correct")
+GROUP_BY = ("prompt", "target")   # rl/verl group_id: rows with the same prompt, or every attempt at one target
 LANGUAGES = ("triton", "ptx")
 # The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
 OFFLINE_MARK = "# kloop-offline: "
-# Token counts are estimated, not tokenized: a rule of thumb of about 3.5 characters per token for BPE tokenizers
-# on this mix of English and Python/PTX (not measured against a tokenizer here; a real one is the final word).
-CHARS_PER_TOKEN = 3.5
+# Without --tokenizer, token counts are an estimate that errs long. Real tokenizers did 2.7-3.0 characters per token on
+# kloop's rows (issue 37); a byte-level BPE trained on the exports (results/trainers-round2) did 2.07-3.1 per row
+# (median 2.8; PTX and long numbers lowest), so 2.0 leaves every row whole. --tokenizer counts exactly.
+CHARS_PER_TOKEN = 2.0
+OPENAI_MAX_TOKENS = 65_536   # OpenAI's limit per fine-tuning example
+SHOWN_EXCLUSIONS = 10        # excluded runs printed (the card lists every one)
 OPENAI_MIN_EXAMPLES = 10
 # The evaluator's tolerances (tools/verify.py TOLERANCES), by dtype: |out - ref| <= atol + rtol * |ref|.
 TOLERANCES = {"float64": [1e-7, 1e-7], "float32": [1e-4, 1e-4], "float16": [1e-2, 1e-2], "bfloat16": [2e-2, 2e-2],
@@ -92,6 +101,8 @@ class ExportOptions:
     split_by: str | None = None        # "target": train and test files that share no target
     test_fraction: float = 0.1         # of the targets, by a stable hash of each (split_by)
     prompts: Prompts | None = None     # needed for offline-policy runs in chat formats
+    tokenizer: str | None = None       # a local path or an installed name: exact token counts (else an estimate)
+    group_by: str = "prompt"           # rl/verl group_id (GROUP_BY)
 
 
 @dataclass
@@ -102,9 +113,16 @@ class ExportSummary:
     runs: int = 0
     lengths: dict = field(default_factory=dict)   # prompt / trained: {n, chars: {...}, tokens: {...}}
     max_length: int | None = None      # tokens: a trainer's max_length that keeps every row whole
+    max_prompt: int | None = None      # tokens: the longest prompt (verl's data.max_prompt_length)
+    max_trained: int | None = None     # tokens: the longest trained part (verl's data.max_response_length)
+    counted_by: str = ""               # how tokens were counted: "estimate, N characters per token" or the tokenizer
     files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    splits: dict = field(default_factory=dict)    # split_by: "train"/"test" -> {"rows": n, "targets": n}
+    splits: dict = field(default_factory=dict)    # split_by: "train"/"test" -> {"rows": n, "targets": n (op groups)}
+    exclusions: list = field(default_factory=list)   # {"run_id", "target", "problem", "why"} per run left out
+    groups: dict = field(default_factory=dict)       # rl/verl: {"by", "groups", "rows", "contrast"}: contrast counts
+                                                     # the groups with more than one distinct reward (GRPO learns there)
+    untrained: int = 0                 # openai --all-verdicts: failed submissions in no line with a trained turn
 
     def lines(self) -> list[str]:
         """What `kloop export` prints after the first line."""
@@ -114,11 +132,20 @@ class ExportSummary:
             if stats and stats["n"]:
                 c, t = stats["chars"], stats["tokens"]
                 out.append(f"{part:8s} chars min {c['min']} median {c['median']} p90 {c['p90']} max {c['max']}; "
-                           f"est. tokens min {t['min']} median {t['median']} p90 {t['p90']} max {t['max']}")
+                           f"tokens min {t['min']} median {t['median']} p90 {t['p90']} max {t['max']}")
         if self.max_length:
-            out.append(f"max_length >= {self.max_length} tokens keeps every row whole "
-                       f"(estimated at {CHARS_PER_TOKEN} characters per token)")
-        out += [f"{name}: {n['rows']} row(s) from {n['targets']} target(s)" for name, n in self.splits.items()]
+            out.append(f"max_length >= {self.max_length} tokens keeps every row whole (TRL max_length; verl "
+                       f"data.max_prompt_length >= {self.max_prompt}, data.max_response_length >= {self.max_trained}); "
+                       f"tokens: {self.counted_by}")
+        if self.groups:
+            g = self.groups
+            out.append(f"group_id by {g['by']}: {g['groups']} group(s) of {g['rows']} row(s); {g['contrast']} with "
+                       "more than one distinct reward (a GRPO group without one teaches nothing)")
+        out += [f"{name}: {n['rows']} row(s) from {n['targets']} op(s)" for name, n in self.splits.items()]
+        out += [f"excluded {e['target']} (run {e['run_id']}): {e['problem']}, {e['why']}"
+                for e in self.exclusions[:SHOWN_EXCLUSIONS]]
+        if len(self.exclusions) > SHOWN_EXCLUSIONS:
+            out.append(f"... and {len(self.exclusions) - SHOWN_EXCLUSIONS} more excluded run(s), each in the card")
         return out + [f"warning: {w}" for w in self.warnings]
 
 
@@ -174,24 +201,6 @@ def _is_python(text: str) -> bool:
     return True
 
 
-def excluded_hashes(paths: Iterable[str | os.PathLike]) -> set[str]:
-    """Normalized source hashes of every problem in the given files and folders (KernelBench-style .py files)."""
-    hashes = set()
-    for path in map(Path, paths):
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*.py") if p.is_file())
-        elif path.is_file():
-            files = [path]
-        else:
-            raise ExportError(f"--exclude {path}: no such file or folder")
-        for file in files:
-            try:
-                hashes.add(normalized_target_hash(file.read_text()))
-            except (OSError, UnicodeDecodeError) as e:
-                raise ExportError(f"--exclude {file}: cannot read it ({e})") from None
-    return hashes
-
-
 def _select_runs(store: Store, run_ids: Iterable[str]) -> list[dict]:
     """The asked-for runs of this database (all of them, oldest first, when none are named)."""
     runs = sorted(store.list_runs(), key=lambda r: (r["created_at"], r["id"]))
@@ -228,7 +237,8 @@ def _provenance(db_path: Path, run: dict, attempt: dict, license: str | None) ->
     flags = list(result.get("flags") or [])
     return {
         "kloop_version": kloop_version(),
-        "db": str(db_path), "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
+        "db": str(Path(db_path).resolve()),
+        "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
         "branch": attempt.get("branch") or 0, "created_at": attempt.get("created_at"),
         "target_name": run.get("target_name"),
         "target_sha256": run.get("target_sha256") or hashlib.sha256((run.get("target_source") or "").encode()).hexdigest(),
@@ -292,18 +302,24 @@ def offline_turns(run: dict, attempts: list[dict], prompts: Prompts | None, text
     for i, attempt in enumerate(attempts):
         reasoning = attempt.get("reasoning") or ""
         lang = attempt.get("language") or "triton"
-        source = attempt.get("source") or ""
+        source = without_offline_mark(attempt.get("source") or "")
         if text:
             assistant = {"role": "assistant", "content": f"{reasoning}\n\n```python\n# language: {lang}\n"
                                                          f"{source.rstrip()}\n```".lstrip()}
-        else:
-            assistant = {"role": "assistant", "content": reasoning,
+        else:   # the reasoning once, as the call's rationale
+            assistant = {"role": "assistant", "content": "",
                          "tool_calls": [{"id": f"call_{attempt['number']}", "type": "function", "function": {
                              "name": SUBMIT, "arguments": {"language": lang, "source": source,
                                                            "rationale": reasoning}}}]}
         user = {"role": "user", "content": prompts.turn(run, gpu, attempts[:i], i + 1)}
         turns.append(Turn(attempt, [system, user], assistant, tools, list(attempts[:i])))
     return turns
+
+
+def without_offline_mark(source: str) -> str:
+    """An offline-policy kernel without its first line, the policy's own note of the template it rendered (a comment
+    no model should learn to write)."""
+    return source.split("\n", 1)[1] if source.startswith(OFFLINE_MARK) and "\n" in source else source
 
 
 def model_turns(attempts: list[dict], messages: list[dict]) -> list[Turn]:
@@ -532,14 +548,21 @@ class _Builder:
         self.summary = ExportSummary()
         self.rows: list[dict] = []         # {"record", "sidecar", "prompt_text", "trained_text", ...}
         self.trained: set[str] = set()     # kernel keys already trained on (or, in rl/flashinfer, already written)
-        self.exclude = excluded_hashes(options.exclude) if options.exclude else set()
+        try:
+            self.exclude = load_problems(options.exclude) if options.exclude else []
+        except DecontaminationError as e:
+            raise ExportError(str(e)) from None
         self.flashinfer: dict = {"definitions": {}, "workloads": {}, "solutions": [], "traces": []}
-        self.target = ""                   # the normalized hash of the run being read (split_by)
+        self.target = ""                   # the op group of the run being read (split_by: one side per op)
 
     def run(self, db_path: Path, store: Store, run: dict) -> None:
-        self.target = normalized_target_hash(run.get("target_source") or "")   # every row _add makes is this one's
-        if self.target in self.exclude:
+        target = problem(run.get("target_source") or "", run.get("target_name") or run["id"])
+        self.target = target.group   # every row _add makes is this run's
+        matched = match(target, self.exclude) if self.exclude else None
+        if matched:
             self.summary.excluded += 1
+            self.summary.exclusions.append({"run_id": run["id"], "target": target.name, "problem": matched[0].name,
+                                            "why": matched[1]})
             return
         fmt = self.options.format
         branches = _clean_branches(store.attempts(run["id"]), self.options)
@@ -560,20 +583,25 @@ class _Builder:
 
     # trl / openai
     def _sft(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
+        """The trained turns (verified only: the best per branch, or every one) and, with all_verdicts, the failed
+        submissions: trl rows with label false; openai context with weight 0 (it has no label)."""
         options = self.options
-        chosen = [t for t in turns if _qualifies(t.attempt, options)]
-        if not chosen:
-            return
-        if options.train_on == "final":
-            if options.all_verdicts:
-                chosen = [chosen[-1]]
-            else:   # the fastest; without timings the earliest (the shortest trajectory to a working kernel)
-                chosen = [min(chosen, key=lambda t: fastest_key(t.attempt))]
+        verified = [t for t in turns if _qualifies(t.attempt, options, all_verdicts=False)]
+        if options.train_on == "final" and verified:
+            # the fastest; without timings the earliest (the shortest trajectory to a working kernel)
+            verified = [min(verified, key=lambda t: fastest_key(t.attempt))]
+        failed = []
+        if options.all_verdicts:
+            # final: the failed submissions on the way to the best verified turn (all of them where none verified)
+            until = verified[-1].attempt["number"] if options.train_on == "final" and verified else math.inf
+            failed = [t for t in turns if t.attempt.get("verdict") != "correct" and t.attempt["number"] < until
+                      and _qualifies(t.attempt, options)]
+        chosen = sorted(verified + failed, key=lambda t: t.attempt["number"])
         fresh = []
         for turn in chosen:
             key = _kernel_key(run, turn.attempt)
             if key is not None and key in self.trained:
-                self.summary.duplicates += 1     # this kernel is trained elsewhere already: not twice
+                self.summary.duplicates += 1     # this kernel is in the export already: not twice
                 continue
             if key is not None:
                 self.trained.add(key)
@@ -593,11 +621,13 @@ class _Builder:
         prompt, completion = trl_messages(turn.prompt), trl_messages([turn.completion])
         record = {"prompt": prompt, "completion": completion, "tools": json.dumps(turn.tools),
                   **self._labels(turn), "provenance": _provenance(db_path, run, turn.attempt, self.options.license)}
-        self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion))
+        self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion),
+                  chat=(prompt, completion, turn.tools))
 
     def _openai_rows(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
-        """One line per chain of trained turns: where a later turn's prompt continues an earlier line (a rebuilt
-        offline conversation), the line grows and both submissions carry weight 1; every other assistant turn 0."""
+        """One line per chain of turns: where a later turn's prompt continues an earlier line (a conversation that
+        went on), the line grows. Only verified submissions carry weight 1; a failed one (all_verdicts) is context
+        with weight 0, and a line with nothing to train is left out (OpenAI reads no label: trl has KTO rows)."""
         line: dict | None = None
         for turn in turns:
             if line and turn.prompt[:len(line["messages"])] == line["messages"]:
@@ -606,20 +636,29 @@ class _Builder:
                 if line:
                     self._openai_line(db_path, run, line)
                 line = {"messages": turn.prompt + [turn.completion], "weights": {}, "turns": [], "tools": turn.tools}
-            line["weights"][len(line["messages"]) - 1] = 1
+            if turn.attempt.get("verdict") == "correct":
+                line["weights"][len(line["messages"]) - 1] = 1
             line["turns"].append(turn)
         if line:
             self._openai_line(db_path, run, line)
 
     def _openai_line(self, db_path: Path, run: dict, line: dict) -> None:
+        trained = [t for t in line["turns"] if t.attempt.get("verdict") == "correct"]
+        if not trained:
+            self.summary.untrained += len(line["turns"])
+            return
         messages = openai_messages(line["messages"], line["weights"])
         record = {"messages": messages, "tools": line["tools"]}
-        last = line["turns"][-1]
-        sidecar = {**self._labels(last), "trained_attempts": [t.attempt["number"] for t in line["turns"]],
+        last = trained[-1]
+        sidecar = {**self._labels(last), "trained_attempts": [t.attempt["number"] for t in trained],
+                   "context_attempts": [t.attempt["number"] for t in line["turns"] if t not in trained],
                    "provenance": _provenance(db_path, run, last.attempt, self.options.license)}
-        trained = [m for m in messages if m.get("weight") == 1]
+        weighted = [m for m in messages if m.get("weight") == 1]
         rest = [m for m in messages if m.get("weight") != 1]
-        self._add(record, _text_of(rest) + json.dumps(line["tools"]), _text_of(trained), sidecar=sidecar)
+        first = next(i for i, m in enumerate(messages) if m.get("weight") == 1)
+        chat = trl_messages(line["messages"])
+        self._add(record, _text_of(rest) + json.dumps(line["tools"]), _text_of(weighted), sidecar=sidecar,
+                  chat=(chat[:first], chat[first:], line["tools"]))
 
     # rl / verl
     def _rl(self, db_path: Path, run: dict, turns: list[Turn]) -> None:
@@ -637,7 +676,11 @@ class _Builder:
                 self.trained.add(key)
             components = reward_components(attempt)
             reward = scalar_reward(components)
-            group_id = hashlib.sha256(json.dumps(plain_messages(turn.prompt), sort_keys=True).encode()).hexdigest()[:16]
+            if self.options.group_by == "target":   # every attempt at this target, across runs and turns
+                group = f"target:{normalized_target_hash(source)}:{attempt.get('language') or ''}"
+            else:
+                group = json.dumps(plain_messages(turn.prompt), sort_keys=True)
+            group_id = hashlib.sha256(group.encode()).hexdigest()[:16]
             baselines = _baselines(run, attempt)
             provenance = _provenance(db_path, run, attempt, self.options.license)
             shapes = {"sizes": facts.get("sizes"), **(facts.get("shapes") or {}),
@@ -668,7 +711,9 @@ class _Builder:
                                          "shapes": json.dumps(shapes), "tolerances": json.dumps(_tolerances(facts)),
                                          "baselines_us": json.dumps(baselines),
                                          "provenance": json.dumps(provenance, default=str)}}
-            self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion))
+            self._add(record, _text_of(prompt) + json.dumps(turn.tools), _text_of(completion),
+                      chat=(prompt, completion, turn.tools if self.options.format == "rl" else []))
+            self.rows[-1].update(group=group_id, reward=reward)
 
     # kernelbook / flashinfer
     def _kernels(self, db_path: Path, run: dict, branches: dict[int, list[dict]]) -> None:
@@ -705,9 +750,12 @@ class _Builder:
         self._add({"solution": solution, "trace": trace, "provenance": provenance}, definition["reference"],
                   solution["sources"][0]["content"])
 
-    def _add(self, record: dict, prompt_text: str, trained_text: str, sidecar: dict | None = None) -> None:
-        self.rows.append({"record": record, "sidecar": sidecar, "prompt": len(prompt_text), "trained": len(trained_text),
-                          "target": self.target})
+    def _add(self, record: dict, prompt_text: str, trained_text: str, sidecar: dict | None = None,
+             chat: tuple[list[dict], list[dict], list[dict]] | None = None) -> None:
+        """One row; `chat` (prompt messages, trained messages, tools) is what a tokenizer's chat template renders."""
+        self.rows.append({"record": record, "sidecar": sidecar, "prompt_text": prompt_text,
+                          "trained_text": trained_text, "chat": chat, "prompt": len(prompt_text),
+                          "trained": len(trained_text), "target": self.target})
 
 
 def _baselines(run: dict, attempt: dict) -> dict:
@@ -735,7 +783,7 @@ def _starter(attempt: dict, attempts: list[dict]) -> str | None:
         return None
     for other in sorted(attempts, key=lambda a: a["number"]):
         if _template_of(other.get("source") or "") == template:
-            return other.get("source")
+            return without_offline_mark(other.get("source") or "")
     return None
 
 
@@ -750,7 +798,7 @@ def _template_of(source: str) -> str | None:
 
 
 def _kernelbook_record(db_path: Path, run: dict, attempt: dict, attempts: list[dict], license: str | None) -> dict:
-    source = attempt.get("source") or ""
+    source = without_offline_mark(attempt.get("source") or "")
     ptx = attempt.get("language") == "ptx"
     provenance = _provenance(db_path, run, attempt, license)
     return {
@@ -848,7 +896,7 @@ def flashinfer_solution(definition: dict, run: dict, attempt: dict, facts: dict,
                      "target_hardware": [hardware], "entry_point": "main.py::run",
                      "dependencies": ["torch", "triton"] + (["cupy", "kloop (tools.launch)"]
                                                             if attempt.get("language") == "ptx" else [])},
-            "sources": [{"path": "kernel.py", "content": attempt.get("source") or ""},
+            "sources": [{"path": "kernel.py", "content": without_offline_mark(attempt.get("source") or "")},
                         {"path": "main.py", "content": wrapper}],
             "description": (attempt.get("reasoning") or "")[:500]}
 
@@ -909,7 +957,26 @@ def _build(db_paths: list[str | os.PathLike], options: ExportOptions) -> _Builde
     if missing:
         raise ExportError(f"no run {', '.join(sorted(missing))} in {', '.join(map(str, db_paths))}")
     builder.summary.written = len(builder.rows)
-    builder.summary.lengths, builder.summary.max_length = length_stats(builder.rows)
+    summary = builder.summary
+    if options.format in ("rl", "verl") and builder.rows:
+        rewards: dict[str, set] = {}
+        for row in builder.rows:
+            rewards.setdefault(row["group"], set()).add(row["reward"])
+        summary.groups = {"by": options.group_by, "groups": len(rewards), "rows": len(builder.rows),
+                          "contrast": sum(len(r) > 1 for r in rewards.values())}
+    counter = TokenCounter(options.tokenizer)
+    summary.lengths, summary.max_length, summary.max_prompt, summary.max_trained = length_stats(builder.rows, counter)
+    summary.counted_by = counter.name
+    if options.format == "openai":
+        over = sum(row["tokens"][0] + row["tokens"][1] > OPENAI_MAX_TOKENS for row in builder.rows)
+        if over:
+            summary.warnings.append(f"{over} of {len(builder.rows)} line(s) exceed OpenAI's {OPENAI_MAX_TOKENS:,}-"
+                                    f"token example limit ({counter.name}): filter them (--language, --train-on "
+                                    "final) or expect OpenAI to refuse the file")
+    if builder.summary.untrained:
+        builder.summary.warnings.append(f"{builder.summary.untrained} failed submission(s) left out: an openai line "
+                                        "has no label, so a failed turn is only context (weight 0) before a verified "
+                                        "one; --format trl --all-verdicts writes them as label-false rows (KTO)")
     if options.format == "openai" and 0 < len(builder.rows) < OPENAI_MIN_EXAMPLES:
         builder.summary.warnings.append(f"{len(builder.rows)} example(s): OpenAI fine-tuning needs at least "
                                         f"{OPENAI_MIN_EXAMPLES}")
@@ -923,6 +990,8 @@ def _check_options(options: ExportOptions) -> None:
         raise ExportError(f"unknown --train-on {options.train_on!r} (final or all-correct)")
     if options.language and options.language not in LANGUAGES:
         raise ExportError(f"unknown language {options.language!r} (triton or ptx)")
+    if options.group_by not in GROUP_BY:
+        raise ExportError(f"unknown --group-by {options.group_by!r} (prompt or target)")
     if options.split_by not in (None, "target"):
         raise ExportError(f"unknown --split-by {options.split_by!r} (target)")
     if options.split_by and not 0 < options.test_fraction < 1:
@@ -953,20 +1022,73 @@ def split_path(out: Path, name: str) -> Path:
     return out.with_name(f"{out.stem}.{name}{out.suffix}")
 
 
-def length_stats(rows: list[dict]) -> tuple[dict, int | None]:
-    """Characters and estimated tokens of the prompt (context) and the trained part of every row."""
+class TokenCounter:
+    """Tokens of a row: with a tokenizer (a local path or an installed name, never downloaded) exactly, through its
+    chat template where it has one; without, an estimate at CHARS_PER_TOKEN that errs long."""
+
+    def __init__(self, tokenizer: str | None) -> None:
+        self.tokenizer = _load_tokenizer(tokenizer) if tokenizer else None
+        self.name = (f"exact, tokenizer {tokenizer}" if tokenizer else
+                     f"estimate, {CHARS_PER_TOKEN} characters per token (--tokenizer counts exactly)")
+
+    def count(self, row: dict) -> tuple[int, int]:
+        """(prompt tokens, trained tokens)"""
+        if self.tokenizer is None:
+            return math.ceil(row["prompt"] / CHARS_PER_TOKEN), math.ceil(row["trained"] / CHARS_PER_TOKEN)
+        if row["chat"] and getattr(self.tokenizer, "chat_template", None):
+            prompt, trained, tools = row["chat"]
+            before = self._template(prompt, tools, generation=True)
+            whole = self._template(prompt + trained, tools, generation=False)
+            return before, max(whole - before, 0)
+        encode = self.tokenizer.encode
+        return len(encode(row["prompt_text"], add_special_tokens=False)), \
+            len(encode(row["trained_text"], add_special_tokens=False))
+
+    def _template(self, messages: list[dict], tools: list[dict], generation: bool) -> int:
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
+                                                     add_generation_prompt=generation)
+        except Exception as e:   # a template that cannot render these messages: say so, not a wrong count
+            raise ExportError(f"--tokenizer: its chat template cannot render a row ({type(e).__name__}: {e})"[:300]) \
+                from None
+        ids = ids["input_ids"] if not isinstance(ids, list) else ids
+        return len(ids)
+
+
+def _load_tokenizer(name: str):
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ExportError("--tokenizer needs transformers (pip install transformers)") from None
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as e:
+        raise ExportError(f"--tokenizer {name}: no such local or installed tokenizer ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+
+
+def length_stats(rows: list[dict], counter: TokenCounter | None = None) -> tuple[dict, int | None, int | None,
+                                                                                    int | None]:
+    """Characters and tokens of the prompt (context) and the trained part of every row (each row's counts go to its
+    "tokens"); the max_length that keeps every row whole (an estimate rounded up to 1024), the longest prompt and
+    the longest trained part."""
+    counter = counter or TokenCounter(None)
+    for row in rows:
+        row["tokens"] = counter.count(row)
     stats = {}
-    for part in ("prompt", "trained"):
+    for i, part in enumerate(("prompt", "trained")):
         chars = sorted(row[part] for row in rows)
         if not chars:
             stats[part] = {"n": 0}
             continue
-        tokens = [math.ceil(c / CHARS_PER_TOKEN) for c in chars]
+        tokens = sorted(row["tokens"][i] for row in rows)
         stats[part] = {"n": len(chars), "chars": _spread(chars), "tokens": _spread(tokens)}
     if not rows:
-        return stats, None
-    longest = max(math.ceil((row["prompt"] + row["trained"]) / CHARS_PER_TOKEN) for row in rows)
-    return stats, int(math.ceil(longest / 1024) * 1024)
+        return stats, None, None, None
+    longest = max(sum(row["tokens"]) for row in rows)
+    if counter.tokenizer is None:
+        longest = int(math.ceil(longest / 1024) * 1024)
+    return stats, longest, stats["prompt"]["tokens"]["max"], stats["trained"]["tokens"]["max"]
 
 
 def _spread(values: list[int]) -> dict:
@@ -1097,8 +1219,8 @@ and not options.all_verdicts else 'Rows carry each submission verdict (`label` i
   min speedup: {options.min_speedup}; rule-breaking trajectories: {'kept' if options.include_rejected else 'left out'}
 - duplicates left out: {summary.duplicates}; rows excluded as evaluation problems: {summary.excluded}
   ({', '.join(options.exclude) or 'no --exclude given'})
-- split: {'; '.join(f"`{split_path(out, k).name}` {v['rows']} row(s), {v['targets']} target(s)"
-                   for k, v in summary.splits.items()) + ' (no target in both)' if summary.splits else 'none'}
+- split: {'; '.join(f"`{split_path(out, k).name}` {v['rows']} row(s), {v['targets']} op(s)"
+                   for k, v in summary.splits.items()) + ' (no op on both sides)' if summary.splits else 'none'}
 - targets: {', '.join(targets)}
 - executed on: {', '.join(gpus)}
 - policies: {', '.join(policies)}
@@ -1108,15 +1230,60 @@ and not options.all_verdicts else 'Rows carry each submission verdict (`label` i
 ## Lengths
 {lengths or '- none'}
 
+## Trainer settings
+{_trainer_settings(summary, rows)}
+
+## Decontamination
+{_exclusions(options, summary)}
+
 ## Reward (rl, verl)
 {REWARD_FORMULA}.
-
+{_reward_notes(summary, provenance) if options.format in ('rl', 'verl') else ''}
 ## Provenance
 Every row (openai: the line-aligned `{out.name}.provenance.jsonl`) names the kloop version, run and attempt ids,
 target sha256, where it executed (`executed_on`; no GPU is named for CPU-interpreter attempts), GPU, driver, CUDA,
 torch and triton versions, timing flags, policy and model, isolation mode and license.
 """
     return "\n".join(yaml) + body
+
+
+def _exclusions(options: ExportOptions, summary: ExportSummary) -> str:
+    if not options.exclude:
+        return "- no --exclude given"
+    head = (f"Runs whose target computes the same op as a problem in {', '.join(options.exclude)} are left out "
+            "(tools/decontaminate.py: the same traced aten op graph with sizes and numbers abstracted, the same "
+            "normalized source, or a near-duplicate source where the op cannot be traced): "
+            f"{summary.excluded} run(s).")
+    return "\n".join([head, ""] + [f"- {e['target']} (run {e['run_id']}): {e['problem']}, {e['why']}"
+                                   for e in summary.exclusions])
+
+
+def _reward_notes(summary: ExportSummary, provenance: list[dict]) -> str:
+    """Which device judged the rows' rewards, and how many GRPO groups hold a contrast."""
+    judged: dict[str, int] = {}
+    for p in provenance:
+        device = p.get("gpu") or "a GPU" if p.get("executed_on") == "cuda" else \
+            "the Triton CPU interpreter (correctness only, untimed: a verified kernel scores 1.0)" \
+            if p.get("executed_on") == "cpu-interpreter" else "nothing (no kernel ran)"
+        judged[device] = judged.get(device, 0) + 1
+    g = summary.groups
+    return ("\n- rewards judged on: " + "; ".join(f"{device}: {n} row(s)" for device, n in sorted(judged.items())) +
+            (f"\n- `group_id` by {g['by']}: {g['groups']} group(s) of {g['rows']} row(s); {g['contrast']} with more "
+             f"than one distinct reward (GRPO learns only from those; `--group-by target` puts every attempt at a "
+             f"target in one group)" if g else "") + "\n")
+
+
+def _trainer_settings(summary: ExportSummary, rows: list[dict]) -> str:
+    """What to set so that no row is cut: TRL's max_length, verl's prompt and response lengths (tokens)."""
+    if not summary.max_length:
+        return "- none"
+    fits = sum(row["tokens"][0] <= 1024 for row in rows)
+    return (f"- tokens counted: {summary.counted_by}\n"
+            f"- TRL (SFTConfig, KTOConfig): `max_length={summary.max_length}` keeps every row whole (TRL's default "
+            f"1024 cuts the trained turn off, or drops it under assistant_only_loss)\n"
+            f"- verl: `data.max_prompt_length={summary.max_prompt}` (the longest prompt; verl's default 1024 keeps "
+            f"{fits} of {len(rows)} prompt(s)), `data.max_response_length={summary.max_trained}` (the longest "
+            f"logged completion; a model's own may run longer)")
 
 
 def export(db_paths: list[str | os.PathLike], out: str | os.PathLike, options: ExportOptions) -> ExportSummary:
