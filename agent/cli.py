@@ -66,6 +66,7 @@ app.command("optimize")(cmd_loop.optimize_command)
 app.command("resume")(cmd_loop.resume_command)
 app.command("runs")(cmd_loop.runs_command)
 app.command("show")(cmd_loop.show_command)
+app.command("diff")(cmd_loop.diff_command)
 app.command("export")(cmd_data.export_command)
 app.command("replay")(cmd_data.reverify_command)  # re-verify logged attempts
 app.command("report")(cmd_data.report_command)

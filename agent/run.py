@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -376,6 +377,7 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=N
     from tools.store import StoreError
     from tools.target import TargetError
 
+    r.store.update_run(r.id, owner=owner_record())
     gpu = r.store.get_run(r.id).get("gpu")
     if gpu is None:  # a run made before runs.gpu existed, or one started without a GPU: this machine's facts
         gpu = gpu_facts()
@@ -386,6 +388,35 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=N
     except (TargetError, PolicyError, StoreError) as e:
         raise RunFailed(r.id, str(e)) from e
     return r.store.best_attempt(r.id)
+
+
+def owner_record(pid: int | None = None) -> dict:
+    """The process running a run: host, pid and the pid's start time (a pid alone is reused after a reboot)."""
+    pid = pid or os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "started": _start_time(pid)}
+
+
+def liveness(row: dict) -> str:
+    """Why a run's status says `running` when no process runs it any more ('' otherwise): a killed run (kill -9, a
+    lost machine) keeps `running` until it is resumed. Judged by its owner's pid on this host; a run on another host,
+    or one from before runs.owner, is taken as it says."""
+    owner = row.get("owner")
+    if row.get("status") != "running" or not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return ""
+    started = _start_time(owner.get("pid") or 0)
+    if started is not None and started == owner.get("started"):
+        return ""
+    return f"no live process; `kloop resume {row['id']}`"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot, from /proc (None: no such process, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2:].split()[19].decode()
 
 
 def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: dict | None,
