@@ -58,7 +58,26 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="rich",   # help texts are rich markup: a literal [x] is written \\[x] (`pip install -e '.\\[ray]'`)
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"kloop {version('kloop')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("kloop (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                               help="Print kloop's version and exit.")) -> None:
+    pass
 
 app.command("eval")(cmd_eval.eval_command)
 app.command("targets")(cmd_eval.targets_command)

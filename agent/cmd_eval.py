@@ -18,10 +18,10 @@ def eval_command(
     target: str = typer.Argument(..., help="A built-in target name (see `kloop targets`) or a path to a KernelBench-style module."),
     candidate: Path = typer.Argument(..., help="A module defining ModelNew (Triton kernels, or PTX through tools.launch.PtxKernel)."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
-    trials: int = typer.Option(5, min=5, help="Correctness trials on the main shape (at least 5)."),
-    timed_calls: int = typer.Option(30, min=30, help="Timed calls per measured function (at least 30)."),
-    compile_baseline: bool = typer.Option(True, help="Also time torch.compile of the reference (in --compile-mode)."),
-    compile_mode: str = typer.Option("max-autotune-no-cudagraphs", help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
+    trials: int = typer.Option(5, min=5, metavar="N", help="Correctness trials on the main shape (at least 5)."),
+    timed_calls: int = typer.Option(30, min=30, metavar="N", help="Timed calls per measured function (at least 30)."),
+    no_compile_baseline: bool = typer.Option(False, "--no-compile-baseline", help="Time eager only, not torch.compile of the reference."),
+    compile_mode: str = typer.Option("max-autotune-no-cudagraphs", metavar="MODE", help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
     ncu: bool = typer.Option(False, "--ncu", help="Collect Nsight Compute counters for the candidate's own kernels."),
 ) -> None:
     """Judge one candidate kernel against one target: verify, then time on the GPU."""
@@ -44,7 +44,7 @@ def eval_command(
                                         highlight=False, soft_wrap=True)
         ncu = False
     settings = EvalSettings(trials=trials, timed_calls=timed_calls, ncu=ncu, compile_mode=compile_mode,
-                            baselines=("eager", "compile") if compile_baseline else ("eager",))
+                            baselines=("eager",) if no_compile_baseline else ("eager", "compile"))
     try:
         result = evaluate(tgt, candidate.read_text(), settings)
     except KeyboardInterrupt:

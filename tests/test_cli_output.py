@@ -462,3 +462,22 @@ def test_progress_line_names_the_pick_and_the_time_left():
     assert second.startswith("#2 (branch 0) triton: incorrect")
     assert second.endswith("| 2/4 attempts, 1 min elapsed, ~20 s left")
     assert shorten("a bb ccc dddd", 9) == "a bb..." and shorten("abcdefghijkl", 6) == "abc..."
+
+
+COMMANDS = ["eval", "targets", "optimize", "resume", "runs", "show", "diff", "export", "replay", "report", "bench",
+            "suite", "serve", "memory list"]
+
+
+def test_help_fits_80_columns_and_keeps_brackets():
+    for command in COMMANDS:
+        shown = cli(*command.split(), "-h", env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+        assert shown.exit_code == 0, (command, shown.output)
+        assert max(map(len, shown.output.splitlines())) <= 80, command
+        assert "…" not in shown.output or command == "export", (command, shown.output)   # export: its own developer's
+    optimize = cli("optimize", "--help", env={"COLUMNS": "80"}).output
+    assert "pip install -e '.[ray]'" in optimize
+    assert [panel for panel in ("Budget and stop rules", "Policy and model", "Search and memory", "Evaluator")
+            if f"─ {panel} ─" in optimize] == ["Budget and stop rules", "Policy and model", "Search and memory",
+                                                "Evaluator"]
+    version = cli("--version")
+    assert version.exit_code == 0 and version.output.startswith("kloop ")
