@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover
 
 from agent import cmd_bench, cmd_data, cmd_eval, cmd_loop, cmd_memory
 from agent import cmd_serve
-from agent import cmd_suite
+from agent import cmd_suite, cmd_view
 
 
 class OneLineErrors(TyperGroup):
@@ -89,6 +89,7 @@ app.command("diff")(cmd_loop.diff_command)
 app.command("export")(cmd_data.export_command)
 app.command("replay")(cmd_data.reverify_command)  # re-verify logged attempts
 app.command("report")(cmd_data.report_command)
+app.command("view")(cmd_view.view_command)
 app.command("bench")(cmd_bench.bench_command)
 app.command("suite")(cmd_suite.suite_command)
 app.command("serve")(cmd_serve.serve_command)
