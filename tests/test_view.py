@@ -174,6 +174,7 @@ def test_the_suite_page_in_a_browser(browser, tmp_path):
     _, second = make_suite(db)
     assert view("--suite", "--db", db).exit_code == 0
     page, seen = open_page(browser, tmp_path / "suite.html")
+    page.screenshot(path=tmp_path / "suite.png")
     page.locator(f'#problems a[href="#r{second}-run"]').click()
     assert page.url.endswith(f"#r{second}-run")
     assert page.evaluate(f"document.getElementById('r{second}-run').getBoundingClientRect().top") < 5
