@@ -74,10 +74,19 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+# Commands that start evaluator sessions: before one starts, what killed kloop processes left in the scratch root
+# (/dev/shm: plans, and weights on a GPU) is removed (agent.run.clean_scratch).
+STARTS_SESSIONS = {"eval", "optimize", "resume", "replay", "bench", "suite", "serve"}
+
+
 @app.callback()
-def _options(show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+def _options(ctx: typer.Context,
+             show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                                help="Print kloop's version and exit.")) -> None:
-    pass
+    if ctx.invoked_subcommand in STARTS_SESSIONS and not ctx.resilient_parsing:
+        from agent.run import clean_scratch
+
+        clean_scratch()
 
 app.command("eval")(cmd_eval.eval_command)
 app.command("targets")(cmd_eval.targets_command)

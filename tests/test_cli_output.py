@@ -481,3 +481,33 @@ def test_help_fits_80_columns_and_keeps_brackets():
                                                 "Evaluator"]
     version = cli("--version")
     assert version.exit_code == 0 and version.output.startswith("kloop ")
+
+
+def test_scratch_folders_of_dead_processes_are_removed_at_the_next_start(tmp_path, monkeypatch):
+    from agent import run as runs
+    from sandbox.evaluate import Session
+
+    monkeypatch.setenv("KLOOP_SCRATCH", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed_session = tmp_path / "kloop-session-aaaaaaaa"
+    (killed_session / "best-3").mkdir(parents=True)
+    (killed_session / runs.SCRATCH_OWNER).write_text(json.dumps(runs.owner_record(dead.pid) | {"started": "1"}))
+    unclaimed = tmp_path / "kloop-session-bbbbbbbb"   # made by a caller that never claimed it: left alone
+    unclaimed.mkdir()
+    killed_child = tmp_path / "kloop-cccccccc"         # a planner's folder whose planner is gone
+    killed_child.mkdir()
+    (killed_child / "stdout.txt").write_text("")
+    (tmp_path / "kloop-gpu-users").mkdir()
+    with Session(spares=1) as session:                 # a live session: its folder and its warm planner's stay
+        runs.claim_scratch(session.directory)
+        with session.pool._lock:
+            session.pool.refill()
+        session.pool._idle[0].wait_ready(120)
+        assert runs.clean_scratch() == [killed_session]   # the child's folder is too recent to judge yet
+        monkeypatch.setattr(runs, "IDLE_CHILD_S", 0.0)
+        live = sorted(p.name for p in tmp_path.iterdir())
+        assert runs.clean_scratch() == [killed_child]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [n for n in live if n != killed_child.name]
+        assert session.directory.exists() and unclaimed.exists() and (tmp_path / "kloop-gpu-users").exists()
+        assert any(runs.CHILD_FOLDER.fullmatch(p.name) for p in tmp_path.iterdir()), "the warm planner's folder"
