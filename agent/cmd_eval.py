@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -97,14 +98,40 @@ def print_summary(r: EvalResult) -> None:
         console.print(f"flags: {', '.join(r.flags)}")
 
 
-def targets_command() -> None:
-    """List the built-in targets with their main shape (on a GPU, and at CPU size without one)."""
-    from tools.target import load_target
+def targets_command(
+    targets: Optional[List[str]] = typer.Argument(None, metavar="[TARGET]...", help="Your own targets (KernelBench-style files) or built-in names: the shapes kloop derived for each (default: list the built-ins)."),
+) -> None:
+    """List the built-in targets with their main shape (on a GPU, and at CPU size without one); with TARGET, the
+    shapes kloop checks a target at: its main shape, how many hidden variants, and its CPU size."""
+    from tools.target import TargetError, load_target
     from tools.targets import BUILTIN_TARGETS
 
+    if targets:
+        for spec in targets:
+            try:
+                target = load_target(spec)
+                lines = target_shape_lines(target)
+            except TargetError as e:
+                fail(str(e))
+            console.print(f"[bold]{escape(target.name)}[/]" + (f": {escape(target.description)}"
+                                                                 if target.description else ""), highlight=False)
+            for line in lines:
+                console.print(f"  {line}", highlight=False, markup=False)
+        return
     table = Table("target", "description", "shape (GPU)", "shape (CPU)")
     for name in BUILTIN_TARGETS:
         target = load_target(name)
         table.add_row(name, target.description, *(target.describe_shape(target.shapes(small=small)[0])
                                                   for small in (False, True)))
     console.print(table)
+
+
+def target_shape_lines(target) -> list[str]:
+    """The shapes kloop derived for a target, in words: on a GPU and on the CPU, the main shape (the one timed and
+    shown to the policy) and how many hidden variants are checked beside it (never shown), with where they came from."""
+    lines = []
+    for small, where in ((False, "on a GPU"), (True, "on the CPU (Triton interpreter)")):
+        shapes = target.shapes(small=small)
+        lines.append(f"{where}: main shape {target.describe_shape(shapes[0])}; "
+                     f"{plural(len(shapes) - 1, 'hidden variant')} ({target.shape_note(small)})")
+    return lines

@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from agent.output import fail, make_console
-from agent.progress import ProgressView
+from agent.output import fail, make_console, plural
+from agent.progress import ProgressView, clock_words
 from tools.store import DEFAULT_DB
 
 console = make_console()
@@ -78,8 +79,8 @@ def suite_command(
     with to_stdout:
         if not report_only:
             strategies = ", ".join(plan.strategies)
-            console.print(f"suite of {len(found)} problem(s) x {len(plan.strategies)} strategy(ies) ({strategies}) "
-                          f"with the {policy} policy, {_budget(plan)} each, in {db}", highlight=False)
+            console.print(f"suite of {plural(len(found), 'problem')} x {plural(len(plan.strategies), 'strategy', 'strategies')}"
+                          f" ({strategies}) with the {policy} policy, {_budget(plan)} each, in {db}", highlight=False)
             view = SuiteView(plan)
             try:
                 with console.status("starting", spinner="dots") as status:
@@ -104,9 +105,12 @@ class SuiteView:
     """Renders the suite's events: starters as they are generated, a line per problem with the suite's progress,
     the loop's attempt lines (agent.progress.ProgressView), and each problem's outcome."""
 
-    def __init__(self, plan):
-        self.attempts = ProgressView(plan.max_attempts or 0, console)
+    def __init__(self, plan, clock=time.monotonic):
+        self.attempts = ProgressView(plan.max_attempts or 0, console, clock=clock)
         self.status = None
+        self.clock = clock
+        self.started = clock()
+        self.finished_here = 0   # problems finished since this command started (a resumed suite skips the rest)
 
     def __call__(self, event: dict) -> None:
         kind = event["kind"]
@@ -123,11 +127,13 @@ class SuiteView:
             fast = "untimed" if not event["timed"] else \
                 f"{event['fast_1_eager']} vs eager, {event['fast_1_compile']} vs torch.compile"
             line(f"[{event['index'] + 1}/{event['total']}] {event['problem']} ({event['strategy']}) | done "
-                 f"{event['done']}, left {event['left']} | verified {event['verified']} | fast_1 {fast}")
+                 f"{event['done']}, left {event['left']} | verified {event['verified']} | fast_1 {fast} | "
+                 f"{self.time_words(event['left'])}")
             if self.status is not None:
                 self.status.update(f"{event['problem']} ({event['strategy']})")
                 self.attempts.status = self.status
         elif kind == "problem_done":
+            self.finished_here += 1
             best = event["best"]
             if event["status"] in ("skipped", "failed"):
                 outcome = f"{event['status']}: {event['reason']}"
@@ -142,6 +148,15 @@ class SuiteView:
             line(f"  -> {event['problem']}: {outcome}")
         else:
             self.attempts(event)
+
+
+    def time_words(self, left: int) -> str:
+        """`12 min elapsed, ~40 min left`: the problems left at the pace of those finished by this command."""
+        elapsed = self.clock() - self.started
+        words = f"{clock_words(elapsed)} elapsed"
+        if self.finished_here and left:
+            words += f", ~{clock_words(elapsed / self.finished_here * left)} left"
+        return words
 
 
 def _report(store, plan, out: Path) -> list[Path]:

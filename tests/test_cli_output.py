@@ -511,3 +511,30 @@ def test_scratch_folders_of_dead_processes_are_removed_at_the_next_start(tmp_pat
         assert sorted(p.name for p in tmp_path.iterdir()) == [n for n in live if n != killed_child.name]
         assert session.directory.exists() and unclaimed.exists() and (tmp_path / "kloop-gpu-users").exists()
         assert any(runs.CHILD_FOLDER.fullmatch(p.name) for p in tmp_path.iterdir()), "the warm planner's folder"
+
+
+def test_targets_file_shows_the_shapes_kloop_derived():
+    shown = cli("targets", REPO / "tests/targets/tiny_add.py")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0] == "tiny_add"
+    assert lines[1].startswith("  on a GPU: main shape N=1000; 2 hidden variants (")
+    assert lines[2].startswith("  on the CPU (Triton interpreter): main shape N=1000; 2 hidden variants (")
+    assert one_line_error(cli("targets", "nope.py")).startswith("error: unknown target 'nope.py'")
+
+
+def test_a_suite_line_says_time_spent_and_left(monkeypatch):
+    from agent import cmd_suite
+
+    out = io.StringIO()
+    monkeypatch.setattr(cmd_suite, "console", Output(file=out))
+    clock = iter([0.0, 0.0, 120.0, 300.0])
+    view = cmd_suite.SuiteView(type("Plan", (), {"max_attempts": 4}), clock=lambda: next(clock))
+    problem = {"kind": "problem", "index": 0, "total": 3, "problem": "level1/1_op.py", "strategy": "refine",
+               "done": 0, "left": 3, "verified": 0, "timed": False}
+    view(problem)
+    view({"kind": "problem_done", "problem": "level1/1_op.py", "best": None, "status": "finished"})
+    view({**problem, "index": 1, "done": 1, "left": 2})
+    first, _, second = out.getvalue().splitlines()
+    assert first.endswith("| fast_1 untimed | 2 min elapsed")
+    assert second.endswith("| fast_1 untimed | 5 min elapsed, ~10 min left")
