@@ -11,7 +11,7 @@ APT := $(shell [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && echo yes)
 
 setup: $(VENV)/.installed
 
-# kloop and what it runs with: torch, Triton, LangGraph, the model SDKs, matplotlib, ... (about 1 GB with CPU torch)
+# kloop and what it runs with: torch, Triton, CuPy, LangGraph, the model SDKs, matplotlib, ... (about 2.4 GB with CPU torch)
 $(VENV)/.installed: pyproject.toml
 	@# bubblewrap jails every process that runs candidate code (sandbox/jail.py); without it kloop falls back to
 	@# weaker isolation and says so.

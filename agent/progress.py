@@ -25,6 +25,7 @@ class ProgressView:
         self.clock = clock
         self.started = clock()
         self.seen: dict[str, int] = {}   # attempts logged since this view started, per problem (a suite's lanes)
+        self.first: dict[str, float] = {}   # when each problem's first attempt here was logged
 
     def __call__(self, event: dict) -> None:
         lead = f"{escape(event['problem'])} " if event.get("problem") else ""  # a suite's lanes side by side
@@ -56,15 +57,17 @@ class ProgressView:
 
     def budget_line(self, problem: str, p: dict, left: dict) -> str:
         """`5/20 attempts, 42 s elapsed, ~2 min left; $0.40 left`: the attempt budget as n/N, the wall time this
-        command has spent, and the time the rest should take at this pace (bounded by a time budget's rest)."""
+        command has spent, and the time the rest should take at the pace since the first attempt (the start-up
+        before it, starters and warm processes, is not paid again), bounded by a time budget's rest."""
+        now = self.clock()
         self.seen[problem] = self.seen.get(problem, 0) + 1
-        elapsed = self.clock() - self.started
+        first = self.first.setdefault(problem, now)
         words = [f"{p['attempts']}/{p['attempts'] + left['attempts']} attempts",
-                 f"{clock_words(elapsed)} elapsed"]
-        eta = elapsed / self.seen[problem] * left["attempts"]
-        if "seconds" in left:
-            eta = min(eta, left["seconds"])
-        if left["attempts"]:
+                 f"{clock_words(now - self.started)} elapsed"]
+        if left["attempts"] and self.seen[problem] > 1:
+            eta = (now - first) / (self.seen[problem] - 1) * left["attempts"]
+            if "seconds" in left:
+                eta = min(eta, left["seconds"])
             words.append(f"~{clock_words(eta)} left")
         rest = left_words({k: v for k, v in left.items() if k not in ("attempts", "seconds")})
         return ", ".join(words) + (f"; {', '.join(rest)} left" if rest else "")

@@ -445,7 +445,7 @@ def test_progress_line_names_the_pick_and_the_time_left():
     from agent.progress import ProgressView, shorten
 
     out = io.StringIO()
-    clock = iter([100.0, 130.0, 160.0])
+    clock = iter([100.0, 130.0, 160.0, 175.0])
     view = ProgressView(4, Output(file=out), clock=lambda: next(clock))
     progress = {"attempts": 1, "best_number": 1, "best_speedup": None, "best_sol": None}
     event = {"kind": "attempt", "branch": 0, "number": 1, "verdict": "incorrect", "language": "triton", "source": "",
@@ -453,14 +453,18 @@ def test_progress_line_names_the_pick_and_the_time_left():
              "left": {"attempts": 3, "cost_usd": 0.5},
              "pick": {"parent": 4, "reason": "evolve: the island's best", "island": 1, "cell": "triton/memory/2"}}
     view(event)
-    view({**event, "number": 2, "progress": {**progress, "attempts": 2}, "left": {"attempts": 2, "seconds": 20.0},
+    view({**event, "number": 2, "progress": {**progress, "attempts": 2}, "left": {"attempts": 2, "seconds": 100.0},
           "pick": {"parent": 1, "reason": "refine: the run's best, attempt #1", "island": None, "cell": None}})
-    first, second = out.getvalue().splitlines()
+    view({**event, "number": 3, "progress": {**progress, "attempts": 3}, "left": {"attempts": 1, "seconds": 10.0},
+          "pick": None})
+    first, second, third = out.getvalue().splitlines()
     assert first.startswith("#1 (branch 0, from #4 island 1 cell triton/memory/2) triton: incorrect (word word")
-    assert first.endswith("word...) | best #1 (untimed: no GPU to rank by) | 1/4 attempts, 30 s elapsed, "
-                          "~1 min 30 s left; $0.50 left")
+    # no estimate from the first attempt (it paid the start-up); then the pace since it, bounded by the time left
+    assert first.endswith("word...) | best #1 (untimed: no GPU to rank by) | 1/4 attempts, 30 s elapsed; "
+                          "$0.50 left")
     assert second.startswith("#2 (branch 0) triton: incorrect")
-    assert second.endswith("| 2/4 attempts, 1 min elapsed, ~20 s left")
+    assert second.endswith("| 2/4 attempts, 1 min elapsed, ~1 min left")
+    assert third.endswith("| 3/4 attempts, 1 min 15 s elapsed, ~10 s left")
     assert shorten("a bb ccc dddd", 9) == "a bb..." and shorten("abcdefghijkl", 6) == "abc..."
 
 
