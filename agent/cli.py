@@ -58,7 +58,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    rich_markup_mode="rich",   # help texts are rich markup: a literal [x] is written \\[x] (`pip install -e '.\\[ray]'`)
+    rich_markup_mode="rich",   # help texts are rich markup: a literal [ray] is escaped in them ("'.\\[ray]'")
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
