@@ -16,7 +16,7 @@ except ImportError:  # pragma: no cover
 
 from agent import cmd_bench, cmd_data, cmd_eval, cmd_loop, cmd_memory
 from agent import cmd_serve
-from agent import cmd_suite
+from agent import cmd_suite, cmd_view
 
 
 class OneLineErrors(TyperGroup):
@@ -58,7 +58,35 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode="rich",   # help texts are rich markup: a literal [ray] is escaped in them ("'.\\[ray]'")
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"kloop {version('kloop')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            print("kloop (not installed)")
+        raise typer.Exit()
+
+
+# Commands that start evaluator sessions: before one starts, what killed kloop processes left in the scratch root
+# (/dev/shm: plans, and weights on a GPU) is removed (agent.run.clean_scratch).
+STARTS_SESSIONS = {"eval", "optimize", "resume", "replay", "bench", "suite", "serve"}
+
+
+@app.callback()
+def _options(ctx: typer.Context,
+             show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                               help="Print kloop's version and exit.")) -> None:
+    if ctx.invoked_subcommand in STARTS_SESSIONS and not ctx.resilient_parsing:
+        from agent.run import clean_scratch
+
+        clean_scratch()
 
 app.command("eval")(cmd_eval.eval_command)
 app.command("targets")(cmd_eval.targets_command)
@@ -66,9 +94,11 @@ app.command("optimize")(cmd_loop.optimize_command)
 app.command("resume")(cmd_loop.resume_command)
 app.command("runs")(cmd_loop.runs_command)
 app.command("show")(cmd_loop.show_command)
+app.command("diff")(cmd_loop.diff_command)
 app.command("export")(cmd_data.export_command)
 app.command("replay")(cmd_data.reverify_command)  # re-verify logged attempts
 app.command("report")(cmd_data.report_command)
+app.command("view")(cmd_view.view_command)
 app.command("bench")(cmd_bench.bench_command)
 app.command("suite")(cmd_suite.suite_command)
 app.command("serve")(cmd_serve.serve_command)

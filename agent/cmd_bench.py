@@ -27,7 +27,7 @@ def bench_command(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the results as JSON here (e.g. results/bench-h200.json); '-': print only the JSON on stdout (the rest goes to stderr)."),
     db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database for the bench's runs (re-verify them with `kloop replay`)."),
     gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU (default: this process's GPU)."),
-    ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: evaluate on the cluster's GPUs (pip install -e '.[ray]')."),
+    ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: evaluate on the cluster's GPUs (pip install -e '.\\[ray]')."),
     planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
     pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight (default: enough to keep planners and GPUs busy; 1: one candidate at a time)."),
 ) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -18,10 +19,10 @@ def eval_command(
     target: str = typer.Argument(..., help="A built-in target name (see `kloop targets`) or a path to a KernelBench-style module."),
     candidate: Path = typer.Argument(..., help="A module defining ModelNew (Triton kernels, or PTX through tools.launch.PtxKernel)."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON object on stdout."),
-    trials: int = typer.Option(5, min=5, help="Correctness trials on the main shape (at least 5)."),
-    timed_calls: int = typer.Option(30, min=30, help="Timed calls per measured function (at least 30)."),
-    compile_baseline: bool = typer.Option(True, help="Also time torch.compile of the reference (in --compile-mode)."),
-    compile_mode: str = typer.Option("max-autotune-no-cudagraphs", help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
+    trials: int = typer.Option(5, min=5, metavar="N", help="Correctness trials on the main shape (at least 5)."),
+    timed_calls: int = typer.Option(30, min=30, metavar="N", help="Timed calls per measured function (at least 30)."),
+    no_compile_baseline: bool = typer.Option(False, "--no-compile-baseline", help="Time eager only, not torch.compile of the reference."),
+    compile_mode: str = typer.Option("max-autotune-no-cudagraphs", metavar="MODE", help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
     ncu: bool = typer.Option(False, "--ncu", help="Collect Nsight Compute counters for the candidate's own kernels."),
 ) -> None:
     """Judge one candidate kernel against one target: verify, then time on the GPU."""
@@ -47,7 +48,7 @@ def eval_command(
                                         highlight=False, soft_wrap=True)
         ncu = False
     settings = EvalSettings(trials=trials, timed_calls=timed_calls, ncu=ncu, compile_mode=compile_mode,
-                            baselines=("eager", "compile") if compile_baseline else ("eager",))
+                            baselines=("eager",) if no_compile_baseline else ("eager", "compile"))
     try:
         result = evaluate(tgt, candidate.read_text(), settings)
     except KeyboardInterrupt:
@@ -100,14 +101,40 @@ def print_summary(r: EvalResult) -> None:
         console.print(f"flags: {', '.join(r.flags)}")
 
 
-def targets_command() -> None:
-    """List the built-in targets with their main shape (on a GPU, and at CPU size without one)."""
-    from tools.target import load_target
+def targets_command(
+    targets: Optional[List[str]] = typer.Argument(None, metavar="[TARGET]...", help="Your own targets (KernelBench-style files) or built-in names: the shapes kloop derived for each (default: list the built-ins)."),
+) -> None:
+    """List the built-in targets with their main shape (on a GPU, and at CPU size without one); with TARGET, the
+    shapes kloop checks a target at: its main shape, how many hidden variants, and its CPU size."""
+    from tools.target import TargetError, load_target
     from tools.targets import BUILTIN_TARGETS
 
+    if targets:
+        for spec in targets:
+            try:
+                target = load_target(spec)
+                lines = target_shape_lines(target)
+            except TargetError as e:
+                fail(str(e))
+            console.print(f"[bold]{escape(target.name)}[/]" + (f": {escape(target.description)}"
+                                                                 if target.description else ""), highlight=False)
+            for line in lines:
+                console.print(f"  {line}", highlight=False, markup=False)
+        return
     table = Table("target", "description", "shape (GPU)", "shape (CPU)")
     for name in BUILTIN_TARGETS:
         target = load_target(name)
         table.add_row(name, target.description, *(target.describe_shape(target.shapes(small=small)[0])
                                                   for small in (False, True)))
     console.print(table)
+
+
+def target_shape_lines(target) -> list[str]:
+    """The shapes kloop derived for a target, in words: on a GPU and on the CPU, the main shape (the one timed and
+    shown to the policy) and how many hidden variants are checked beside it (never shown), with where they came from."""
+    lines = []
+    for small, where in ((False, "on a GPU"), (True, "on the CPU (Triton interpreter)")):
+        shapes = target.shapes(small=small)
+        lines.append(f"{where}: main shape {target.describe_shape(shapes[0])}; "
+                     f"{plural(len(shapes) - 1, 'hidden variant')} ({target.shape_note(small)})")
+    return lines

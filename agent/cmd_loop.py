@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
 from agent import run as runs
 from agent.output import fail, make_console, plural, print_code
-from agent.progress import ProgressView, attempt_label, budget_words
+from agent.progress import ProgressView, attempt_label, budget_words, shorten
 from agent.run import RunError, RunFailed, RunFinished
 from tools.result import EvalResult
 from tools.store import DEFAULT_DB
@@ -23,52 +24,53 @@ from tools.store import DEFAULT_DB
 console = make_console()
 
 
+BUDGET, POLICY, SEARCH, EVALUATOR = "Budget and stop rules", "Policy and model", "Search and memory", "Evaluator"
+
+
 def optimize_command(
     target: str = typer.Argument(..., help="A built-in target name (see `kloop targets`) or a path to a KernelBench-style module."),
-    policy: Optional[str] = typer.Option(None, help="offline, anthropic, openai or replay (default: anthropic when ANTHROPIC_API_KEY is set, else offline)."),
-    language: str = typer.Option("auto", help="triton, ptx or auto (the policy chooses)."),
-    max_attempts: int = typer.Option(20, min=1, help="Stop after this many attempts."),
-    hours: Optional[float] = typer.Option(None, help="Stop after this much active wall-clock time."),
-    branches: int = typer.Option(1, min=1, help="Parallel lineages sharing the run's best."),
-    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database (created if missing)."),
-    seed_kernel: Optional[Path] = typer.Option(None, help="A kernel to start from; the offline policy tunes its UPPERCASE constants."),
-    target_sol: float = typer.Option(0.9, min=0, help="Stop once the best kernel reaches this fraction of speed-of-light."),
-    patience: int = typer.Option(20, min=1, help="Stop after this many attempts without a new best."),
-    max_cost: Optional[float] = typer.Option(None, help="Stop once model calls cost this many US dollars."),
-    max_tokens: Optional[int] = typer.Option(None, min=1, help="Stop once model calls used this many tokens."),
-    model: Optional[str] = typer.Option(None, help="Model id for the anthropic/openai policies."),
-    base_url: Optional[str] = typer.Option(None, help="API base URL for the anthropic/openai policies."),
-    from_run: Optional[str] = typer.Option(None, "--from", help="replay policy: the run whose proposals to replay."),
-    thinking: Optional[str] = typer.Option(None, help="anthropic policy: extended thinking, 'adaptive' (default), 'off' or a token budget."),
-    effort: Optional[str] = typer.Option(None, help="anthropic policy: output effort (e.g. low, medium, high; default: the model's)."),
-    max_retries: Optional[int] = typer.Option(None, min=0, help="anthropic/openai policies: SDK retries (with backoff) per model call."),
-    tools: bool = typer.Option(True, "--tools/--no-tools", help="openai policy: --no-tools for servers without function calling (fenced code answers)."),
-    strategy: str = typer.Option("refine", help="Search strategy: refine, best-of-n, metr or evolve (README: Search strategies and memory)."),
-    strategy_seed: Optional[int] = typer.Option(None, help="Seed of the strategy's random picks (default: drawn once, stored with the run)."),
-    memory: Optional[Path] = typer.Option(None, help="Memory file across runs (default: memory.db beside --db, so runs/memory.db)."),
-    no_memory: bool = typer.Option(False, "--no-memory", help="Neither read nor write memory across runs."),
-    gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU, each candidate timed on the first free one (default: this process's GPU)."),
-    ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU of the cluster (pip install -e '.[ray]')."),
-    planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned (compiled) at once, each in its own jailed planner (default: the CPU cores the trusted processes leave)."),
-    pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight per branch, proposed ahead and logged in order (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
-    compile_mode: str = typer.Option("max-autotune-no-cudagraphs", help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
+    policy: Optional[str] = typer.Option(None, metavar="NAME", rich_help_panel=POLICY, help="offline, anthropic, openai or replay (default: anthropic when ANTHROPIC_API_KEY is set, else offline)."),
+    language: str = typer.Option("auto", metavar="LANG", help="triton, ptx or auto (the policy chooses)."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", metavar="PATH", help="Run database (created if missing)."),
+    seed_kernel: Optional[Path] = typer.Option(None, metavar="FILE", help="A kernel to start from; the offline policy tunes its UPPERCASE constants."),
+    max_attempts: int = typer.Option(20, min=1, metavar="N", rich_help_panel=BUDGET, help="Stop after this many attempts."),
+    hours: Optional[float] = typer.Option(None, metavar="H", rich_help_panel=BUDGET, help="Stop after this much active wall-clock time."),
+    target_sol: float = typer.Option(0.9, min=0, metavar="F", rich_help_panel=BUDGET, help="Stop once the best kernel reaches this fraction of speed-of-light."),
+    patience: int = typer.Option(20, min=1, metavar="N", rich_help_panel=BUDGET, help="Stop after this many attempts without a new best."),
+    max_cost: Optional[float] = typer.Option(None, metavar="USD", rich_help_panel=BUDGET, help="Stop once model calls cost this many US dollars."),
+    max_tokens: Optional[int] = typer.Option(None, min=1, metavar="N", rich_help_panel=BUDGET, help="Stop once model calls used this many tokens."),
+    model: Optional[str] = typer.Option(None, metavar="ID", rich_help_panel=POLICY, help="Model id for the anthropic/openai policies."),
+    base_url: Optional[str] = typer.Option(None, metavar="URL", rich_help_panel=POLICY, help="API base URL for the anthropic/openai policies."),
+    from_run: Optional[str] = typer.Option(None, "--from", metavar="RUN", rich_help_panel=POLICY, help="replay policy: the run whose proposals to replay."),
+    thinking: Optional[str] = typer.Option(None, metavar="MODE", rich_help_panel=POLICY, help="anthropic policy: extended thinking, 'adaptive' (default), 'off' or a token budget."),
+    effort: Optional[str] = typer.Option(None, metavar="LEVEL", rich_help_panel=POLICY, help="anthropic policy: output effort (e.g. low, medium, high; default: the model's)."),
+    max_retries: Optional[int] = typer.Option(None, min=0, metavar="N", rich_help_panel=POLICY, help="anthropic/openai policies: SDK retries (with backoff) per model call."),
+    no_tools: bool = typer.Option(False, "--no-tools", rich_help_panel=POLICY, help="openai policy: for servers without function calling (fenced code answers)."),
+    strategy: str = typer.Option("refine", metavar="NAME", rich_help_panel=SEARCH, help="Search strategy: refine, best-of-n, metr or evolve (README: Search strategies and memory)."),
+    strategy_seed: Optional[int] = typer.Option(None, metavar="N", rich_help_panel=SEARCH, help="Seed of the strategy's random picks (default: drawn once, stored with the run)."),
+    branches: int = typer.Option(1, min=1, metavar="N", rich_help_panel=SEARCH, help="Parallel lineages sharing the run's best."),
+    memory: Optional[Path] = typer.Option(None, metavar="PATH", rich_help_panel=SEARCH, help="Memory file across runs (default: memory.db beside --db, so runs/memory.db)."),
+    no_memory: bool = typer.Option(False, "--no-memory", rich_help_panel=SEARCH, help="Neither read nor write memory across runs."),
+    gpus: Optional[str] = typer.Option(None, metavar="LIST", rich_help_panel=EVALUATOR, help="all, or GPU indices (0,1,...): one executor and referee per GPU, each candidate timed on the first free one (default: this process's GPU)."),
+    ray: Optional[str] = typer.Option(None, metavar="ADDRESS", rich_help_panel=EVALUATOR, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU of the cluster (pip install -e '.\\[ray]')."),
+    planners: Optional[int] = typer.Option(None, min=1, metavar="N", rich_help_panel=EVALUATOR, help="Candidates planned (compiled) at once, each in its own jailed planner (default: the CPU cores the trusted processes leave)."),
+    pipeline: Optional[int] = typer.Option(None, min=1, metavar="N", rich_help_panel=EVALUATOR, help="Attempts in flight per branch, proposed ahead and logged in order (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
+    compile_mode: str = typer.Option("max-autotune-no-cudagraphs", metavar="MODE", rich_help_panel=EVALUATOR, help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
 ) -> None:
     """Optimize one target's kernel: write, assemble, verify, profile, reflect, log; repeat until a stop rule."""
     from tools.store import StoreError, open_db
 
     policy = policy or runs.default_policy()
+    _check_early(policy, strategy, base_url, model)
     settings = runs.settings_for(
         target, language=language, max_attempts=max_attempts, hours=hours, branches=branches, target_sol=target_sol,
         patience=patience, max_cost_usd=max_cost, max_tokens=max_tokens, seed_kernel=seed_kernel, model=model,
-        base_url=base_url, from_run=from_run, thinking=thinking, effort=effort, max_retries=max_retries, tools=tools,
+        base_url=base_url, from_run=from_run, thinking=thinking, effort=effort, max_retries=max_retries, tools=not no_tools,
         **runs.strategy_settings(strategy, strategy_seed),
         memory=None if no_memory else str((memory or _default_memory(db)).resolve()),
         gpus=gpus, ray=ray, planners=planners, pipeline=pipeline, compile_mode=compile_mode)
     try:
         runs.check_settings(policy, settings)
-        from agent.strategies import STRATEGIES
-        if strategy not in STRATEGIES:
-            fail(f"unknown strategy {strategy!r} (one of {', '.join(STRATEGIES)})")
         tgt = runs.load_target(target)
     except RunError as e:
         fail(str(e))
@@ -90,6 +92,24 @@ def optimize_command(
     console.print(f"run [bold]{run.id}[/] in {db}: {tgt.name} with the {policy} policy "
                   f"(resume with `kloop resume {run.id} --db {db}`)", highlight=False)
     _run(run)
+
+
+def _check_early(policy: str, strategy: str, base_url: str | None, model: str | None) -> None:
+    """What a typo or a missing key gets wrong, refused at once: the rest of the checks import torch (seconds)."""
+    import os
+
+    from agent.strategies import STRATEGIES
+
+    if strategy not in STRATEGIES:
+        fail(f"unknown strategy {strategy!r} (one of {', '.join(STRATEGIES)})")
+    if policy not in runs.POLICIES:
+        fail(f"unknown policy {policy!r} (one of {', '.join(runs.POLICIES)})")
+    if policy == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
+        fail("no Anthropic API key: set ANTHROPIC_API_KEY (or use --policy offline)")
+    if policy == "openai" and not model:
+        fail("--policy openai needs --model (the name the server serves)")
+    if policy == "openai" and not base_url and not os.environ.get("OPENAI_API_KEY"):
+        fail("no OpenAI API key: set OPENAI_API_KEY, or pass --base-url for a local server")
 
 
 def resume_command(
@@ -127,29 +147,49 @@ def runs_command(
     """List runs: status, target, policy, attempts and best speedup."""
     from tools.store import StoreError, open_db
 
-    table = Table(title="kloop runs")
-    table.add_column("run", no_wrap=True)
-    for column in ("created", "status", "target", "policy", "attempts", "best x eager", "notes"):
-        table.add_column(column)
-    listed = []
+    table = Table(title="kloop runs", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ("run", "created", "status", "target", "policy", "tries", "best x"):
+        table.add_column(column, no_wrap=column != "policy")
+    narrow = _narrow()
+    if not narrow:
+        table.add_column("notes")
+    listed, notes = [], []
     for path in db:
         try:
             store = open_db(path, create=False, readonly=True)
         except StoreError as e:
             fail(str(e))
         for run in store.list_runs():
-            listed.append({"db": str(path), **{k: run[k] for k in (
+            listed.append({"db": str(path), **{k: run.get(k) for k in (
                 "id", "created_at", "status", "target_name", "policy", "model", "attempts_count",
-                "best_speedup_eager", "notes", "gpu_name", "parent_run_id", "parent_kind")}})
+                "best_speedup_eager", "notes", "gpu_name", "parent_run_id", "parent_kind")},
+                "stale": runs.liveness(run) or None})
             best = run["best_speedup_eager"]
-            table.add_row(run["id"], run["created_at"], run["status"], run["target_name"],
-                          run["policy"] + (f" ({run['model']})" if run["model"] else ""), str(run["attempts_count"]),
-                          f"{best:.2f}" if best is not None else "-", run["notes"] or "")
+            stale = runs.liveness(run)
+            note = " ".join(x for x in (f"({stale})" if stale else "", run["notes"] or "") if x)
+            table.add_row(run["id"], _when(run["created_at"]), run["status"], escape(run["target_name"]),
+                          escape(run["policy"] + (f" ({run['model']})" if run["model"] else "")),
+                          str(run["attempts_count"]), f"{best:.2f}" if best is not None else "-",
+                          *([] if narrow else [escape(note)]))
+            if note:
+                notes.append(f"{run['id']}: {note}")
     if as_json:
         print(json.dumps({"runs": listed, "leaderboard": _leaderboard(db)}, default=str))
         return
     console.print(table)
+    for line in notes if narrow else []:   # a narrow terminal: notes under the table, not squeezed into a column
+        console.print(line, highlight=False, markup=False)
     _print_leaderboard(db)
+
+
+def _narrow() -> bool:
+    """A terminal too narrow for a free-text column beside the others (80 columns): that text goes under the table."""
+    return console.is_terminal and console.width < 120
+
+
+def _when(created_at: str | None) -> str:
+    """`2026-11-21 21:38` (UTC) from the stored ISO time: the seconds and the zone cost a narrow terminal a column."""
+    return (created_at or "")[:16].replace("T", " ")
 
 
 def _leaderboard(db_paths: list[Path]) -> list[dict]:
@@ -166,54 +206,173 @@ def _print_leaderboard(db_paths: list[Path]) -> None:
     rows = _leaderboard(db_paths)
     if not rows:
         return
-    board = Table(title="leaderboard: best verified kernel per target")
-    for column in ("target", "run", "attempt", "language", "time us", "x eager", "x compile", "SOL", "GPU"):
-        board.add_column(column, no_wrap=column in ("target", "run"))
+    board = Table(title="leaderboard: best verified kernel per target", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in ("target", "run", "#", "lang", "us", "x eager", "x comp", "SOL", "GPU"):
+        board.add_column(column, no_wrap=column != "GPU")
     for r in rows:
         board.add_row(r["target"], r["run"], str(r["attempt"]), r["language"], _num(r["time_us"], "{:.1f}"),
                       _num(r["speedup_eager"], "{:.2f}"), _num(r["speedup_compile"], "{:.2f}"),
-                      _num(r["sol_fraction"], "{:.0%}"), r["gpu"] or "no GPU")
+                      _num(r["sol_fraction"], "{:.0%}"), (r["gpu"] or "no GPU").removeprefix("NVIDIA "))
     console.print(board)
 
 
 def show_command(
     run_id: str = typer.Argument(..., help="The run to show."),
-    as_json: bool = typer.Option(False, "--json", help="Print the run and all its attempts as one JSON object."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", "-a", help="Show this attempt whole: source, verdict, every reason, counters, timings, its parent and why the strategy picked it."),
+    diff: bool = typer.Option(False, "--diff", help="With --attempt: the attempt's source as a diff against its parent's, in place of the whole source."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run and all its attempts (or the one --attempt) as one JSON object."),
     db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database."),
 ) -> None:
-    """Show one run's attempts: verdicts, speedups, speed-of-light fractions, reasons."""
+    """Show one run's attempts (verdicts, speedups, speed-of-light fractions, reasons), or one attempt whole."""
+    if diff and attempt is None:
+        fail("--diff needs --attempt N (or use `kloop diff RUN A [B]`)")
+    store, run = _open_run(db, run_id)
+    attempts = store.attempts(run_id)
+    if attempt is not None:
+        row = _attempt(attempts, run_id, attempt)
+        if as_json:
+            print(json.dumps({"run": run, "attempt": row}, default=str))
+        elif diff:
+            _print_diff(_parent(attempts, row), row)
+        else:
+            _print_attempt(run, attempts, row)
+        return
+    if as_json:
+        print(json.dumps({"run": run, "attempts": attempts}, default=str))
+        return
+    stale = runs.liveness(run)
+    console.print(f"run {run_id}: {run['target_name']}, {run['policy']}, {run['status']}"
+                  + (f" ({stale})" if stale else "") + (f" ({run['notes']})" if run["notes"] else ""),
+                  highlight=False, markup=False)
+    branched = len({a["branch"] for a in attempts}) > 1
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("#", no_wrap=True, justify="right")
+    if branched:
+        table.add_column("br", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    for column in ("x eager", "x comp", "SOL", "us"):
+        table.add_column(column, no_wrap=True, justify="right")
+    table.add_column("what")
+    # In a terminal a reason is cut to a line (`--attempt N` has them all), beside the attempt, or under the table
+    # in a narrow one; piped, the table holds the first line of the first reason and every reason follows whole.
+    narrow, cut = _narrow(), 100 if console.is_terminal else None
+    if not narrow:
+        table.add_column("why")
+    whys = []
+    for a in attempts:
+        reasons = a["reasons"] or []
+        first = reasons[0] if reasons else ""
+        why = shorten(first, cut) if cut else first.splitlines()[0] if first else ""
+        if why and narrow:
+            whys.append(f"#{a['number']}: {why}")
+        table.add_row(str(a["number"]), *([str(a["branch"])] if branched else []),
+                      _verdict(a["verdict"]), _num(a["speedup_eager"], "{:.2f}"), _num(a["speedup_compile"], "{:.2f}"),
+                      _num(a["sol_fraction"], "{:.0%}"), _num((a["time_us"] or {}).get("median"), "{:.1f}"),
+                      escape(" ".join(x for x in (a["language"] or "", attempt_label(a["source"] or "")) if x)),
+                      *([] if narrow else [escape(why)]))   # escaped: candidate text is no markup
+    console.print(table)
+    for line in whys:
+        console.print(line, highlight=False, markup=False)
+    if not console.is_terminal:
+        for a in attempts:
+            if len(a["reasons"] or []) > 1 or "\n" in "".join(a["reasons"] or []):
+                for reason in a["reasons"]:
+                    console.print(f"#{a['number']}: {reason}", highlight=False, markup=False)
+    for a in attempts:
+        for reason in a.get("withheld") or []:   # the operator's own view of what the policy was not told
+            console.print(f"#{a['number']} withheld from the policy: {reason}", highlight=False, markup=False)
+    if attempts and not any((a["time_us"] or {}).get("median") for a in attempts):
+        console.print("no attempt was timed (no CUDA GPU): correct attempts are not ranked, the first one stays "
+                      "the best", highlight=False)
+    if console.is_terminal and any(a["reasons"] for a in attempts):
+        console.print(f"[dim]one attempt whole: kloop show {escape(run_id)} --attempt N (--diff: against its "
+                      "parent)[/]", highlight=False)
+
+
+def diff_command(
+    run_id: str = typer.Argument(..., help="The run."),
+    a: int = typer.Argument(..., help="An attempt number."),
+    b: Optional[int] = typer.Argument(None, help="Another attempt number (default: A against its parent)."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database."),
+) -> None:
+    """Diff two attempts' sources, or one attempt against its parent (the attempt its strategy built on)."""
+    store, run = _open_run(db, run_id)
+    attempts = store.attempts(run_id)
+    first = _attempt(attempts, run_id, a)
+    if b is None:
+        _print_diff(_parent(attempts, first), first)
+    else:
+        _print_diff(first, _attempt(attempts, run_id, b))
+
+
+def _open_run(db: Path, run_id: str):
     from tools.store import StoreError, open_db
 
     try:
         store = open_db(db, create=False, readonly=True)
-        run = store.get_run(run_id)
+        return store, store.get_run(run_id)
     except StoreError as e:
         fail(str(e))
-    attempts = store.attempts(run_id)
-    if as_json:
-        print(json.dumps({"run": run, "attempts": attempts}, default=str))
-        return
-    console.print(f"run {run_id}: {run['target_name']}, {run['policy']}, {run['status']}"
-                  + (f" ({run['notes']})" if run["notes"] else ""), highlight=False)
-    table = Table("#", "branch", "lang", "what", "verdict", "x eager", "x compile", "SOL", "median us", "why")
-    for a in attempts:
-        label = escape(attempt_label(a["source"] or ""))   # escaped: candidate text is no markup
-        table.add_row(str(a["number"]), str(a["branch"]), a["language"] or "", label,
-                      a["verdict"] or "", _num(a["speedup_eager"], "{:.2f}"), _num(a["speedup_compile"], "{:.2f}"),
-                      _num(a["sol_fraction"], "{:.0%}"), _num((a["time_us"] or {}).get("median"), "{:.2f}"),
-                      escape((a["reasons"] or [""])[0][:80]))
-    console.print(table)
-    for a in attempts:
-        for reason in a.get("withheld") or []:   # the operator's own view of what the policy was not told
-            console.print(f"#{a['number']} withheld from the policy: {escape(reason)}", highlight=False)
-    if attempts and not any((a["time_us"] or {}).get("median") for a in attempts):
-        console.print("no attempt was timed (no CUDA GPU): correct attempts are not ranked, the first one stays "
-                      "the best", highlight=False)
+
+
+def _attempt(attempts: list[dict], run_id: str, number: int) -> dict:
+    for row in attempts:
+        if row["number"] == number:
+            return row
+    span = f"1 to {attempts[-1]['number']}" if attempts else "none"
+    fail(f"run {run_id} has no attempt {number} (its attempts: {span})")
+
+
+def _parent(attempts: list[dict], row: dict) -> dict | None:
+    return next((a for a in attempts if a["id"] == row["parent_attempt_id"]), None)
+
+
+def _verdict(verdict: str | None) -> str:
+    return f"[{'green' if verdict == 'correct' else 'red'}]{verdict}[/]" if verdict else ""
+
+
+def _print_attempt(run: dict, attempts: list[dict], a: dict) -> None:
+    """One attempt whole: what it was, its verdict and every reason, its numbers, its parent and the strategy's
+    reason for that parent, then its source as it is."""
+    from tools.view import attempt_facts
+
+    say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731  (candidate text: no markup)
+    console.print(f"attempt [bold]{a['number']}[/] of run {escape(run['id'])} ({escape(run['target_name'])}): "
+                  f"{_verdict(a['verdict'])}", highlight=False)
+    for name, value in attempt_facts(a, _parent(attempts, a)):
+        say(f"{name}: {value}")
+    if a["reasons"]:
+        say("reasons:")
+        for reason in a["reasons"]:
+            say("  - " + reason.replace("\n", "\n    "))
+    for reason in a.get("withheld") or []:
+        say(f"withheld from the policy: {reason}")
+    say("source:")
+    print_code(console, a["source"] or "")
+
+
+def _print_diff(old: dict | None, new: dict) -> None:
+    """A unified diff (difflib) of two attempts' sources; from nothing when the attempt had no parent."""
+    from tools.view import source_diff
+
+    if old is None:
+        console.print(f"attempt {new['number']} has no parent (it started from the target alone): the whole source "
+                      "is new", highlight=False)
+    text = source_diff(old, new)
+    if not text:
+        console.print(f"attempts {old['number']} and {new['number']} have the same source", highlight=False)
+    elif console.is_terminal:
+        from rich.syntax import Syntax
+
+        console.print(Syntax(text, "diff", theme="ansi_dark"), soft_wrap=True)
+    else:
+        console.out(text.rstrip("\n"), highlight=False)
 
 
 # -- shared -----------------------------------------------------------------------------------------------------
 def _run(run) -> None:
-    """Run it with a spinner and one line per attempt, then the best kernel; Ctrl-C says how to resume."""
+    """Run it with a spinner and one line per attempt, then where the best kernel was written; Ctrl-C says how to
+    resume. Exit status 1 when no attempt was verified correct (as `kloop eval` on a failing kernel)."""
     progress = ProgressView(run.settings["max_attempts"], console)
     try:
         with console.status("starting", spinner="dots") as status:
@@ -225,11 +384,12 @@ def _run(run) -> None:
     except RunFailed as e:  # the run is marked failed and can be resumed
         fail(f"{e} (run {run.id} failed; `kloop resume {run.id} --db {run.store.path}` retries)")
     row = run.store.get_run(run.id)
-    console.print(f"run {run.id} finished: {row['notes']}", highlight=False)
+    console.print(f"run {run.id} finished: {row['notes']}", highlight=False, markup=False)
     from agent.learn import after_run
     for line in after_run(run.store, run.id, run.policy, run.settings, run.target):
         console.print(line, highlight=False)
-    _print_best(run.store, run.id)
+    if not _print_best(run.store, run.id):
+        raise typer.Exit(1)
 
 
 def _default_memory(db: Path) -> Path:
@@ -238,24 +398,31 @@ def _default_memory(db: Path) -> Path:
     return default_memory(db)
 
 
-def _print_best(store, run_id: str) -> None:
+def _print_best(store, run_id: str) -> bool:
+    """Write the best verified kernel beside the database and say where, with its numbers (the kernel itself is in
+    that file, and `kloop show RUN --attempt N` prints it); False when no attempt was verified."""
     best = store.best_attempt(run_id)
     if best is None:
-        console.print("no attempt verified correct", highlight=False)
-        return
+        console.print(f"no attempt verified correct (why: `kloop show {run_id} --db {store.path}`)", highlight=False,
+                      markup=False)
+        return False
     path = store.path.parent / f"{run_id}_best_{best['number']}.py"
     path.write_text(best["source"])
-    console.print(f"best verified kernel: attempt {best['number']} ({best['language']}), written to {path}",
-                  highlight=False)
-    print_code(console, best["source"])  # never wrapped or cropped: valid Python when piped
+    label = attempt_label(best["source"] or "")
+    console.print(f"best verified kernel: attempt {best['number']} ({best['language']}"
+                  + (f", {label}" if label else "") + f"), {len(best['source'].splitlines())} lines written to {path}",
+                  highlight=False, markup=False)
     result = EvalResult.from_dict(best["result"])
     if result.executed_on != "cuda":
-        console.print("no CUDA GPU: this was an interpreter run on CPU tensors, so no timing is real "
-                      "(speedups and speed-of-light need a GPU)", highlight=False)
-        return
+        verified = sum(a["verdict"] == "correct" for a in store.attempts(run_id))
+        console.print(f"no CUDA GPU: {plural(verified, 'attempt')} verified correct, none timed (the Triton "
+                      "interpreter runs on CPU tensors, so no timing is real); untimed attempts cannot be ranked, so "
+                      "the first verified one stays the best. Speedups and speed-of-light need a GPU", highlight=False)
+        return True
     console.print(f"speedup {_num(best['speedup_eager'], '{:.2f}x')} over eager, "
                   f"{_num(best['speedup_compile'], '{:.2f}x')} over torch.compile, "
                   f"{_num(best['sol_fraction'], '{:.0%}')} of speed-of-light", highlight=False)
+    return True
 
 
 def _num(value, fmt: str) -> str:

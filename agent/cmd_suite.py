@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from agent.output import fail, make_console
-from agent.progress import ProgressView
+from agent.output import fail, make_console, plural
+from agent.progress import ProgressView, clock_words
 from tools.store import DEFAULT_DB
 
 console = make_console()
@@ -23,26 +24,26 @@ DEFAULT_OUT = Path("runs/suite-report")
 
 def suite_command(
     paths: List[Path] = typer.Argument(..., help="A KernelBench checkout (its level1, level2, ... folders), folders of KernelBench-style files, or single files."),
-    levels: Optional[str] = typer.Option(None, help="Comma-separated levels to run, e.g. 1,2 (default: every level found)."),
-    problems: Optional[str] = typer.Option(None, help="Only problems whose file name or key matches one of these comma-separated globs, e.g. '1_*,2*_*' or '*Softmax*'."),
-    policy: Optional[str] = typer.Option(None, help="offline, anthropic or openai (default: anthropic when ANTHROPIC_API_KEY is set, else offline)."),
-    strategy: str = typer.Option("refine", help="Search strategy, or several comma-separated to compare at an equal budget: refine, best-of-n, metr, evolve."),
-    minutes_per_problem: Optional[float] = typer.Option(None, help="Active time budget of each problem's run, in minutes."),
-    max_attempts: Optional[int] = typer.Option(None, min=1, help="Attempts per problem (default 8 unless --minutes-per-problem is given)."),
-    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database: every problem's run, and the suite's own bookkeeping (created if missing)."),
-    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Folder for the report (report.md, problems.csv, report.json, PNGs)."),
+    levels: Optional[str] = typer.Option(None, metavar="LIST", help="Comma-separated levels to run, e.g. 1,2 (default: every level found)."),
+    problems: Optional[str] = typer.Option(None, metavar="GLOBS", help="Only problems whose file name or key matches one of these comma-separated globs, e.g. '1_*,2*_*' or '*Softmax*'."),
+    policy: Optional[str] = typer.Option(None, metavar="NAME", help="offline, anthropic or openai (default: anthropic when ANTHROPIC_API_KEY is set, else offline)."),
+    strategy: str = typer.Option("refine", metavar="NAMES", help="Search strategy, or several comma-separated to compare at an equal budget: refine, best-of-n, metr, evolve."),
+    minutes_per_problem: Optional[float] = typer.Option(None, metavar="M", help="Active time budget of each problem's run, in minutes."),
+    max_attempts: Optional[int] = typer.Option(None, min=1, metavar="N", help="Attempts per problem (default 8 unless --minutes-per-problem is given)."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", metavar="PATH", help="Run database: every problem's run, and the suite's own bookkeeping (created if missing)."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", metavar="DIR", help="Folder for the report (report.md, problems.csv, report.json, PNGs)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report's JSON on stdout (progress goes to stderr)."),
-    language: str = typer.Option("auto", help="triton, ptx or auto."),
-    model: Optional[str] = typer.Option(None, help="Model id for the anthropic/openai policies."),
-    base_url: Optional[str] = typer.Option(None, help="API base URL for the anthropic/openai policies."),
-    jobs: Optional[int] = typer.Option(None, min=1, help="Offline policy: starters generated in parallel, for the next JOBS problems at a time (default: half the CPU cores, at most 8)."),
+    language: str = typer.Option("auto", metavar="LANG", help="triton, ptx or auto."),
+    model: Optional[str] = typer.Option(None, metavar="ID", help="Model id for the anthropic/openai policies."),
+    base_url: Optional[str] = typer.Option(None, metavar="URL", help="API base URL for the anthropic/openai policies."),
+    jobs: Optional[int] = typer.Option(None, min=1, metavar="N", help="Offline policy: starters generated in parallel, for the next JOBS problems at a time (default: half the CPU cores, at most 8)."),
     report_only: bool = typer.Option(False, "--report-only", help="Write the report from the database; run nothing."),
-    gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU, and one problem per GPU at a time (default: this process's GPU)."),
-    lanes: Optional[int] = typer.Option(None, min=1, help="Problems run side by side, each with an evaluator of its own (default: one per GPU of --gpus; 1 spreads each problem over all of them; several without --gpus only on a CPU)."),
-    ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU (pip install -e '.[ray]')."),
-    planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
-    pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight per problem (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
-    compile_mode: str = typer.Option("default", help="torch.compile mode of the compile baseline: default (KernelBench's published baselines) or max-autotune-no-cudagraphs (the stronger bar)."),
+    gpus: Optional[str] = typer.Option(None, metavar="LIST", help="all, or GPU indices (0,1,...): one executor and referee per GPU, and one problem per GPU at a time (default: this process's GPU)."),
+    lanes: Optional[int] = typer.Option(None, min=1, metavar="N", help="Problems run side by side, each with an evaluator of its own (default: one per GPU of --gpus; 1 spreads each problem over all of them; several without --gpus only on a CPU)."),
+    ray: Optional[str] = typer.Option(None, metavar="ADDRESS", help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU (pip install -e '.\\[ray]')."),
+    planners: Optional[int] = typer.Option(None, min=1, metavar="N", help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
+    pipeline: Optional[int] = typer.Option(None, min=1, metavar="N", help="Attempts in flight per problem (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
+    compile_mode: str = typer.Option("default", metavar="MODE", help="torch.compile mode of the compile baseline: default (KernelBench's published baselines) or max-autotune-no-cudagraphs (the stronger bar)."),
 ) -> None:
     """Run the loop on every problem of a KernelBench-style set (one run per problem and strategy, one database,
     resumable), then report correctness, fast_p, geomean speedups, speed-of-light fractions and effort."""
@@ -78,8 +79,8 @@ def suite_command(
     with to_stdout:
         if not report_only:
             strategies = ", ".join(plan.strategies)
-            console.print(f"suite of {len(found)} problem(s) x {len(plan.strategies)} strategy(ies) ({strategies}) "
-                          f"with the {policy} policy, {_budget(plan)} each, in {db}", highlight=False)
+            console.print(f"suite of {plural(len(found), 'problem')} x {plural(len(plan.strategies), 'strategy', 'strategies')}"
+                          f" ({strategies}) with the {policy} policy, {_budget(plan)} each, in {db}", highlight=False)
             view = SuiteView(plan)
             try:
                 with console.status("starting", spinner="dots") as status:
@@ -104,9 +105,12 @@ class SuiteView:
     """Renders the suite's events: starters as they are generated, a line per problem with the suite's progress,
     the loop's attempt lines (agent.progress.ProgressView), and each problem's outcome."""
 
-    def __init__(self, plan):
-        self.attempts = ProgressView(plan.max_attempts or 0, console)
+    def __init__(self, plan, clock=time.monotonic):
+        self.attempts = ProgressView(plan.max_attempts or 0, console, clock=clock)
         self.status = None
+        self.clock = clock
+        self.started = clock()
+        self.finished_here = 0   # problems finished since this command started (a resumed suite skips the rest)
 
     def __call__(self, event: dict) -> None:
         kind = event["kind"]
@@ -123,11 +127,13 @@ class SuiteView:
             fast = "untimed" if not event["timed"] else \
                 f"{event['fast_1_eager']} vs eager, {event['fast_1_compile']} vs torch.compile"
             line(f"[{event['index'] + 1}/{event['total']}] {event['problem']} ({event['strategy']}) | done "
-                 f"{event['done']}, left {event['left']} | verified {event['verified']} | fast_1 {fast}")
+                 f"{event['done']}, left {event['left']} | verified {event['verified']} | fast_1 {fast} | "
+                 f"{self.time_words(event['left'])}")
             if self.status is not None:
                 self.status.update(f"{event['problem']} ({event['strategy']})")
                 self.attempts.status = self.status
         elif kind == "problem_done":
+            self.finished_here += 1
             best = event["best"]
             if event["status"] in ("skipped", "failed"):
                 outcome = f"{event['status']}: {event['reason']}"
@@ -142,6 +148,15 @@ class SuiteView:
             line(f"  -> {event['problem']}: {outcome}")
         else:
             self.attempts(event)
+
+
+    def time_words(self, left: int) -> str:
+        """`12 min elapsed, ~40 min left`: the problems left at the pace of those finished by this command."""
+        elapsed = self.clock() - self.started
+        words = f"{clock_words(elapsed)} elapsed"
+        if self.finished_here and left:
+            words += f", ~{clock_words(elapsed / self.finished_here * left)} left"
+        return words
 
 
 def _report(store, plan, out: Path) -> list[Path]:

@@ -236,7 +236,7 @@ class Loop:
              language=r.language or (live.proposal.language if live.proposal else ""),
              source=live.proposal.source if live.proposal else "",
              speedup_eager=r.speedup_over("eager"), sol_fraction=r.sol_fraction, reasons=r.reasons,
-             vs_best=r.vs_best, progress=progress, left=self.budget_left(progress))
+             vs_best=r.vs_best, progress=progress, left=self.budget_left(progress), pick=pick_of(live.parent))
         return Command(goto=Send("write", {"branch": lineage["branch"], "key": ""}))
 
     # -- helpers -----------------------------------------------------------------------------------------------
@@ -418,6 +418,14 @@ def search_columns(parent, result: EvalResult, proposal: Proposal) -> dict:
         return {}
     return {"parent_reason": parent.reason, "island": parent.island,
             "archive_cell": cell_of_result(result.language or proposal.language, result, proposal.source)}
+
+
+def pick_of(parent) -> dict | None:
+    """The strategy's pick for an attempt, for progress lines: the parent's number, why, its island and cell."""
+    if parent is None:
+        return None
+    return {"parent": parent.attempt["number"] if parent.attempt else None, "reason": parent.reason,
+            "island": parent.island, "cell": parent.cell}
 
 
 def emit(kind: str, **fields: Any) -> None:

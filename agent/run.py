@@ -13,7 +13,11 @@
 """
 from __future__ import annotations
 
+import json
 import os
+import re
+import socket
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -287,8 +291,92 @@ def evaluator_session(settings: dict, target=None):
     gpus = gpu_list(settings.get("gpus"))
     devices = len(gpus) if gpus else 1
     planners = planners_for(settings, devices, target)
-    return Session(spares=max(spares(settings), planners + (0 if has_gpu() else 1)), settings=evaluation,
-                   gpus=gpus, planners=planners)
+    session = Session(spares=max(spares(settings), planners + (0 if has_gpu() else 1)), settings=evaluation,
+                      gpus=gpus, planners=planners)
+    claim_scratch(session.directory)
+    return session
+
+
+# -- scratch folders left by killed processes ----------------------------------------------------------------------
+SCRATCH_OWNER = "kloop-owner.json"   # in a session's scratch folder: the process that made it (owner_record)
+CHILD_FOLDER = re.compile(r"kloop-[a-z0-9_]{8}")   # a child's working folder (sandbox.process.Child: mkdtemp)
+IDLE_CHILD_S = 600.0   # a child's folder no process works in and nothing touched for this long is left over
+
+
+def claim_scratch(directory: Path) -> None:
+    """Mark an evaluator session's scratch folder (plans, and weights on a GPU: in RAM under /dev/shm) with this
+    process, so that a later start can tell the folder of a killed session from a live one's (clean_scratch)."""
+    (Path(directory) / SCRATCH_OWNER).write_text(json.dumps(owner_record()))
+
+
+def clean_scratch(root: Path | None = None) -> list[Path]:
+    """Remove what killed kloop processes left in the scratch root (sandbox.process.scratch_root(): /dev/shm when
+    it is large): session folders whose owner (host, pid and the pid's start time) is gone, and children's working
+    folders (planners, executors) in which no live process works (by working directory) and nothing changed for
+    IDLE_CHILD_S. A session folder without an owner mark (made by a caller that never claimed it) is left alone,
+    as is the node's GPU registry. Returns the folders removed."""
+    import shutil
+
+    from sandbox.process import scratch_root
+
+    root = Path(root) if root is not None else scratch_root()
+    try:
+        entries = [p for p in root.iterdir() if p.name.startswith("kloop-") and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+    working = _working_folders()
+    removed = []
+    for folder in entries:
+        if folder.name.startswith("kloop-session-"):
+            stale = _owner_gone(folder / SCRATCH_OWNER)
+        elif CHILD_FOLDER.fullmatch(folder.name) and (folder / "stdout.txt").exists():
+            stale = _inode(folder) not in working and time.time() - _last_change(folder) > IDLE_CHILD_S
+        else:
+            stale = False
+        if stale:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _owner_gone(mark: Path) -> bool:
+    try:
+        owner = json.loads(mark.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname() or owner.get("started") is None:
+        return False   # another host's, or made where /proc could not tell
+    return _start_time(owner.get("pid") or 0) != owner["started"]
+
+
+def _working_folders() -> set[tuple[int, int]]:
+    """(device, inode) of every live process's working directory that can be read (a jailed child's too: the
+    inode is the host folder's whatever path the jail shows it at)."""
+    found = set()
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if pid.isdigit():
+            try:
+                st = os.stat(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            found.add((st.st_dev, st.st_ino))
+    return found
+
+
+def _inode(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_dev, st.st_ino
+
+
+def _last_change(folder: Path) -> float:
+    """The latest modification time of the folder and of what is directly in it."""
+    times = [folder.stat().st_mtime]
+    for entry in folder.iterdir():
+        try:
+            times.append(entry.lstat().st_mtime)
+        except OSError:
+            pass
+    return max(times)
 
 
 def loop_settings(settings: dict, pipeline: int | None = None):
@@ -376,6 +464,7 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=N
     from tools.store import StoreError
     from tools.target import TargetError
 
+    r.store.update_run(r.id, owner=owner_record())
     gpu = r.store.get_run(r.id).get("gpu")
     if gpu is None:  # a run made before runs.gpu existed, or one started without a GPU: this machine's facts
         gpu = gpu_facts()
@@ -386,6 +475,35 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=N
     except (TargetError, PolicyError, StoreError) as e:
         raise RunFailed(r.id, str(e)) from e
     return r.store.best_attempt(r.id)
+
+
+def owner_record(pid: int | None = None) -> dict:
+    """The process running a run: host, pid and the pid's start time (a pid alone is reused after a reboot)."""
+    pid = pid or os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "started": _start_time(pid)}
+
+
+def liveness(row: dict) -> str:
+    """Why a run's status says `running` when no process runs it any more ('' otherwise): a killed run (kill -9, a
+    lost machine) keeps `running` until it is resumed. Judged by its owner's pid on this host; a run on another host,
+    or one from before runs.owner, is taken as it says."""
+    owner = row.get("owner")
+    if row.get("status") != "running" or not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+        return ""
+    started = _start_time(owner.get("pid") or 0)
+    if started is not None and started == owner.get("started"):
+        return ""
+    return f"no live process; `kloop resume {row['id']}`"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot, from /proc (None: no such process, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2:].split()[19].decode()
 
 
 def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: dict | None,

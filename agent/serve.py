@@ -277,6 +277,9 @@ def _warm() -> None:
 
 
 evaluate_request.warm = _warm  # called once when a worker starts, so the first request finds warm processes
+# called when the service closes the worker's connection (the worker runs as __main__: _WORKER here is another
+# module's, so the close goes through the evaluator the worker imported)
+evaluate_request.close = lambda: _close_worker_session()
 
 _WORKER: dict = {"session": None, "targets": {}}
 # Warm planners a GPU worker keeps ready: a request takes one (about 2 s of work on an H100) and a new one takes ~8 s
@@ -289,7 +292,9 @@ def _worker_session():
     if _WORKER["session"] is None:
         from sandbox.evaluate import Session
         from tools.inputs import DEVICE
+        from agent.run import claim_scratch
         _WORKER["session"] = Session(spares=GPU_WORKER_SPARES if DEVICE.type == "cuda" else 1)
+        claim_scratch(_WORKER["session"].directory)
     return _WORKER["session"]
 
 
@@ -349,7 +354,9 @@ def _worker_main(conn, evaluator: str) -> None:
     while True:
         try:
             request = json.loads(conn.recv_bytes())
-        except (EOFError, OSError):
+        except (EOFError, OSError):   # the service stopped: its session leaves nothing in the scratch root
+            if callable(getattr(fn, "close", None)):
+                fn.close()
             return
         try:
             result = fn(request)
@@ -437,6 +444,7 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
+        killed = self.proc is not None and self.proc.poll() is None
         if self.proc is not None:
             if self.proc.poll() is None:
                 self.proc.kill()  # its jailed processes die with it (--die-with-parent, PR_SET_PDEATHSIG)
@@ -448,6 +456,22 @@ class Worker:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
+        if killed:   # its session could not remove its scratch folder (plans; weights on a GPU): removed here
+            from agent.run import clean_scratch
+
+            clean_scratch()
+
+    def close(self, timeout_s: float = 10) -> None:
+        """Stop the worker as it would stop itself: its connection closes, it closes its evaluator session (the
+        session's processes and scratch folder) and exits; killed if it has not within timeout_s (mid-request)."""
+        if self.proc is not None and self.proc.poll() is None and self.conn is not None:
+            self.conn.close()
+            self.conn = None
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
 
 
 # -- the service ---------------------------------------------------------------------------------------------------------
@@ -485,6 +509,7 @@ class Service:
         self._answered = 0
         self.started_at = time.time()
         self.requeued = 0
+        self.log = lambda line: None   # one line per answered request (kloop serve: stdout)
 
     # lifecycle
     def start(self) -> None:
@@ -500,6 +525,11 @@ class Service:
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
+        # An idle dispatch thread closes its worker on its way out (Worker.close: the session removes its scratch
+        # folder); it must, as the worker dies with the thread that started it (PR_SET_PDEATHSIG). One still
+        # mid-request is killed after that: the request runs again at the next start.
+        for t in self._threads:
+            t.join(12)
         for worker in self.workers:
             worker.kill()
         for t in self._threads:
@@ -572,6 +602,12 @@ class Service:
 
     # workers
     def _dispatch(self, worker: Worker) -> None:
+        try:
+            self._serve(worker)
+        finally:
+            worker.close()
+
+    def _serve(self, worker: Worker) -> None:
         try:  # start warm: the first request should not wait for torch, triton and the session's processes
             worker.ensure()
         except WorkerDied:
@@ -597,6 +633,7 @@ class Service:
             response.update(worker=worker.name, eval_s=round(took, 3),
                             queued_s=round(max(0.0, (row["started_at"] or 0) - row["created_at"]), 3) if row else None)
             if self.store.finish(job_id, lease, response):
+                self.log(request_line(job_id, request, response))
                 self._notify(job_id)
                 self._answered += 1
                 if self._answered % PRUNE_EVERY == 0:
@@ -620,6 +657,18 @@ class Service:
                 return _error_answer(reply["error"]["kind"], reply["error"]["message"])
             return _result_answer(reply)
         raise AssertionError("unreachable")
+
+
+def request_line(job_id: str, request: dict, response: dict) -> str:
+    """An answered request in one log line: `<id> target vector_add: correct, reward 1.23, 2.1 s (queued 0.4 s) on
+    cpu-0`; a target given as source is named by its first line."""
+    target = request["target"].strip()
+    name = target if "\n" not in target else f"source '{target.splitlines()[0][:40]}'"
+    result = response.get("result") or {}
+    outcome = (response.get("error") or {}).get("kind") if result.get("verdict") is None else result["verdict"]
+    reward = f", reward {response['reward']:.3g}" if isinstance(response.get("reward"), (int, float)) else ""
+    return (f"{job_id} target {name}: {outcome}{reward}, {response.get('eval_s', 0):.1f} s (queued "
+            f"{response.get('queued_s') or 0:.1f} s) on {response.get('worker')}")
 
 
 def _result_answer(reply: dict, error: dict | None = None) -> dict:
@@ -791,6 +840,7 @@ def serve(host: str, port: int, config: ServiceConfig, announce=print) -> None:
     except sqlite3.Error as e:
         sock.close()
         raise ServeError(f"{config.db}: {e}") from None
+    service.log = lambda line: announce(f"kloop serve: {line}")
     service.start()
     actual = sock.getsockname()[1]
     shown = f"[{host.strip('[]')}]" if ":" in host else host
@@ -801,11 +851,27 @@ def serve(host: str, port: int, config: ServiceConfig, announce=print) -> None:
              f"{config.db}{f', {service.requeued} request(s) requeued' if service.requeued else ''})")
     server = uvicorn.Server(uvicorn.Config(make_app(service), log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=5, lifespan="off"))
+    # uvicorn shuts down on SIGTERM, then raises the signal again under the handler it found: with the default one
+    # the process died there, before its workers closed their sessions (their scratch folders stayed behind).
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if on_main_thread else None
     try:
         server.run(sockets=[sock])
+    except _Terminated:
+        pass
     finally:
         service.stop()
         sock.close()
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the service once uvicorn had stopped: it stops its workers and returns."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated()
 
 
 if __name__ == "__main__":  # a worker: python -m agent.serve worker FD MODULE:FUNCTION

@@ -126,13 +126,16 @@ def test_runs_and_show_print_whole_cells_when_piped(tmp_path):
     assert listed.exit_code == 0
     store = open_db(db, create=False, readonly=True)
     run = store.get_run(run_id)
-    assert run["created_at"] in listed.output and run["notes"] in listed.output and "…" not in listed.output
+    assert run["created_at"][:16].replace("T", " ") in listed.output and run["notes"] in listed.output
+    assert "…" not in listed.output
     shown = cli("show", run_id, "--db", db)
     assert shown.exit_code == 0 and "…" not in shown.output
-    rows = [line for line in shown.output.splitlines() if line.startswith("│")]
-    assert [r.split("│")[4].strip() for r in rows] == [
-        "vector_add/triton_block BLOCK_SIZE=1024, NUM_WARPS=8", "vector_add/triton_block BLOCK_SIZE=2048, NUM_WARPS=8",
-        "vector_add/triton_block BLOCK_SIZE=1024, NUM_WARPS=8 ptx_edit=cs"]
+    rows = [line for line in shown.output.splitlines() if line[:1].isdigit()]
+    assert [" ".join(row.split()) for row in rows] == [
+        "1 correct - - - - triton vector_add/triton_block BLOCK_SIZE=1024, NUM_WARPS=8",
+        "2 correct - - - - triton vector_add/triton_block BLOCK_SIZE=2048, NUM_WARPS=8",
+        "3 runtime_error - - - - ptx vector_add/triton_block BLOCK_SIZE=1024, NUM_WARPS=8 ptx_edit=cs "
+        "not run: no CUDA GPU here"]
     assert "no attempt was timed (no CUDA GPU)" in shown.output
 
 
@@ -302,3 +305,240 @@ def test_replay_of_a_committed_database_leaves_it_untouched(tmp_path):
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "results/"], cwd=REPO,
                             capture_output=True, text=True)
     assert status.stdout == ""
+
+
+# -- one attempt whole, diffs, narrow terminals (issue 38) ----------------------------------------------------------
+def make_lineage_db(path: Path) -> str:
+    """Three attempts: #1 from the target alone, #2 from #1 (correct), #3 from #2 failing with three reasons, the
+    first of them longer than a terminal line."""
+    store = open_db(path)
+    run_id = store.create_run(target_name="vector_add", policy="offline", settings={"target": "vector_add"})
+    first = store.add_attempt(run_id, source=MARKED % 1024 + "x = 1\n", **attempt_columns(evaluated.result("correct")))
+    second = store.add_attempt(run_id, source=MARKED % 2048 + "x = 1\n", parent_attempt_id=first,
+                               parent_reason="evolve: the island's best elite, attempt #1 in cell triton/memory",
+                               island=1, archive_cell="triton/memory/2",
+                               **attempt_columns(evaluated.result("correct")))
+    reasons = ["incorrect: output 0 differs from the reference at 4096 of 65536 elements " + "(detail) " * 20,
+               "max abs error 3.5 at (7, 13)", "hidden variant 2: incorrect"]
+    store.add_attempt(run_id, source=MARKED % 2048 + "x = 2\n", parent_attempt_id=second,
+                      **attempt_columns(evaluated.result("incorrect", reasons=reasons)))
+    store.update_run(run_id, status="finished", best_attempt_id=first, notes="reached 3 attempts")
+    store.close()
+    return run_id
+
+
+def test_show_one_attempt_whole(tmp_path):
+    db = tmp_path / "k.db"
+    run_id = make_lineage_db(db)
+    shown = cli("show", run_id, "--attempt", 2, "--db", db)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0] == f"attempt 2 of run {run_id} (vector_add): correct"
+    assert "parent: #1" in lines and "island: 1" in lines and "cell: triton/memory/2" in lines
+    assert "strategy: evolve: the island's best elite, attempt #1 in cell triton/memory" in lines
+    assert "correctness: 9 trials over 3 shapes, max abs error 0" in lines
+    assert shown.output.endswith("source:\n" + MARKED % 2048 + "x = 1\n")
+    failed = cli("show", run_id, "-a", 3, "--db", db).output
+    assert "reasons:\n  - incorrect: output 0 differs" in failed and "(detail) " * 20 in failed
+    assert "  - max abs error 3.5 at (7, 13)\n  - hidden variant 2: incorrect\n" in failed
+    assert one_line_error(cli("show", run_id, "--attempt", 9, "--db", db)) == \
+        f"error: run {run_id} has no attempt 9 (its attempts: 1 to 3)"
+    assert one_line_error(cli("show", run_id, "--diff", "--db", db)).startswith("error: --diff needs --attempt N")
+
+
+def test_diff_against_the_parent_or_another_attempt(tmp_path):
+    db = tmp_path / "k.db"
+    run_id = make_lineage_db(db)
+    against_parent = cli("diff", run_id, 3, "--db", db)
+    assert against_parent.exit_code == 0
+    assert against_parent.output == "--- attempt 2\n+++ attempt 3\n@@ -1,3 +1,3 @@\n" + \
+        " " + (MARKED % 2048).replace("\n", "\n ", 1) + "-x = 1\n+x = 2\n"
+    assert cli("show", run_id, "--attempt", 3, "--diff", "--db", db).output == against_parent.output
+    two = cli("diff", run_id, 1, 3, "--db", db).output
+    assert "-# kloop-offline" in two and '"BLOCK_SIZE": 1024' in two and "+x = 2" in two
+    first = cli("diff", run_id, 1, "--db", db).output
+    assert first.startswith("attempt 1 has no parent") and "+++ attempt 1" in first
+    assert cli("diff", run_id, 2, 2, "--db", db).output == "attempts 2 and 2 have the same source\n"
+
+
+def test_piped_show_prints_every_reason_whole(tmp_path):
+    db = tmp_path / "k.db"
+    run_id = make_lineage_db(db)
+    out = cli("show", run_id, "--db", db).output
+    assert "#3: max abs error 3.5 at (7, 13)\n#3: hidden variant 2: incorrect\n" in out
+    assert f"#3: incorrect: output 0 differs from the reference at 4096 of 65536 elements {'(detail) ' * 19}" in out
+
+
+@pytest.mark.parametrize("command", ["show", "runs"])
+def test_80_columns_never_cut_a_verdict_or_status(tmp_path, monkeypatch, command):
+    db = tmp_path / "k.db"
+    run_id = make_lineage_db(db)
+    out = io.StringIO()
+    monkeypatch.setattr("agent.cmd_loop.console", Output(file=out, force_terminal=True, width=80, color_system=None))
+    cli(*([command, run_id] if command == "show" else [command]), "--db", db)
+    text = out.getvalue()
+    assert max(map(len, text.splitlines())) <= 80 and "…" not in text
+    words = set(text.split())
+    assert {"correct", "incorrect"} <= words if command == "show" else "finished" in words
+    if command == "show":   # cut at a word, whole with --attempt
+        assert "#3: incorrect: output 0 differs from the reference at 4096 of 65536 elements (detail) (detail)..." in \
+            " ".join(text.split())
+        assert "kloop show" in text and "--attempt N" in text
+    else:
+        assert f"{run_id}: reached 3 attempts" in text
+
+
+def test_a_killed_run_says_so(tmp_path):
+    from agent.run import liveness, owner_record
+
+    db = tmp_path / "k.db"
+    run_id = make_lineage_db(db)
+    store = open_db(db)
+    store.update_run(run_id, status="running", owner=owner_record())
+    assert liveness(store.get_run(run_id)) == ""   # this process: alive
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.update_run(run_id, owner=owner_record(dead.pid) | {"started": "1"})
+    store.close()
+    assert liveness(open_db(db, readonly=True, create=False).get_run(run_id)) == \
+        f"no live process; `kloop resume {run_id}`"
+    listed = cli("runs", "--json", "--db", db)
+    assert json.loads(listed.output)["runs"][0]["stale"] == f"no live process; `kloop resume {run_id}`"
+    assert f"running (no live process; `kloop resume {run_id}`)" in cli("show", run_id, "--db", db).output
+
+
+def test_optimize_exits_1_when_nothing_was_verified(tmp_path, monkeypatch):
+    import typer
+
+    from agent import cmd_loop
+
+    db = tmp_path / "k.db"
+    store = open_db(db)
+    run_id = store.create_run(target_name="vector_add", policy="offline", settings={"max_attempts": 1})
+    store.add_attempt(run_id, source="x", **attempt_columns(evaluated.result("incorrect")))
+    store.update_run(run_id, status="finished", notes="reached 1 attempt")
+    monkeypatch.setattr("agent.run.run", lambda run, progress: None)
+    monkeypatch.setattr("agent.learn.after_run", lambda *args: [])
+    run = type("Run", (), {"id": run_id, "store": store, "settings": {"max_attempts": 1}, "policy": None,
+                           "target": None})
+    with pytest.raises(typer.Exit) as stopped:
+        cmd_loop._run(run)
+    assert stopped.value.exit_code == 1
+
+
+def test_a_cpu_run_ends_with_where_the_kernel_is_not_the_kernel(tmp_path, monkeypatch):
+    from agent import cmd_loop
+
+    db = tmp_path / "k.db"
+    run_id = make_lineage_db(db)
+    out = io.StringIO()
+    monkeypatch.setattr("agent.cmd_loop.console", Output(file=out))
+    assert cmd_loop._print_best(open_db(db), run_id)
+    text = out.getvalue()
+    assert text.startswith("best verified kernel: attempt 1 (triton, vector_add/triton_block BLOCK_SIZE=1024, "
+                           f"NUM_WARPS=8), 3 lines written to {tmp_path / f'{run_id}_best_1.py'}\n")
+    assert "import torch" not in text and "untimed attempts cannot be ranked" in text
+    assert (tmp_path / f"{run_id}_best_1.py").read_text() == MARKED % 1024 + "x = 1\n"
+
+
+def test_progress_line_names_the_pick_and_the_time_left():
+    from agent.progress import ProgressView, shorten
+
+    out = io.StringIO()
+    clock = iter([100.0, 130.0, 160.0, 175.0])
+    view = ProgressView(4, Output(file=out), clock=lambda: next(clock))
+    progress = {"attempts": 1, "best_number": 1, "best_speedup": None, "best_sol": None}
+    event = {"kind": "attempt", "branch": 0, "number": 1, "verdict": "incorrect", "language": "triton", "source": "",
+             "speedup_eager": None, "sol_fraction": None, "reasons": ["word " * 40], "progress": progress,
+             "left": {"attempts": 3, "cost_usd": 0.5},
+             "pick": {"parent": 4, "reason": "evolve: the island's best", "island": 1, "cell": "triton/memory/2"}}
+    view(event)
+    view({**event, "number": 2, "progress": {**progress, "attempts": 2}, "left": {"attempts": 2, "seconds": 100.0},
+          "pick": {"parent": 1, "reason": "refine: the run's best, attempt #1", "island": None, "cell": None}})
+    view({**event, "number": 3, "progress": {**progress, "attempts": 3}, "left": {"attempts": 1, "seconds": 10.0},
+          "pick": None})
+    first, second, third = out.getvalue().splitlines()
+    assert first.startswith("#1 (branch 0, from #4 island 1 cell triton/memory/2) triton: incorrect (word word")
+    # no estimate from the first attempt (it paid the start-up); then the pace since it, bounded by the time left
+    assert first.endswith("word...) | best #1 (untimed: no GPU to rank by) | 1/4 attempts, 30 s elapsed; "
+                          "$0.50 left")
+    assert second.startswith("#2 (branch 0) triton: incorrect")
+    assert second.endswith("| 2/4 attempts, 1 min elapsed, ~1 min left")
+    assert third.endswith("| 3/4 attempts, 1 min 15 s elapsed, ~10 s left")
+    assert shorten("a bb ccc dddd", 9) == "a bb..." and shorten("abcdefghijkl", 6) == "abc..."
+
+
+COMMANDS = ["eval", "targets", "optimize", "resume", "runs", "show", "diff", "export", "replay", "report", "bench",
+            "suite", "serve", "memory list"]
+
+
+def test_help_fits_80_columns_and_keeps_brackets():
+    for command in COMMANDS:
+        shown = cli(*command.split(), "-h", env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+        assert shown.exit_code == 0, (command, shown.output)
+        assert max(map(len, shown.output.splitlines())) <= 80, command
+        assert "…" not in shown.output or command == "export", (command, shown.output)   # export: its own developer's
+    optimize = cli("optimize", "--help", env={"COLUMNS": "80"}).output
+    assert "pip install -e '.[ray]'" in optimize
+    assert [panel for panel in ("Budget and stop rules", "Policy and model", "Search and memory", "Evaluator")
+            if f"─ {panel} ─" in optimize] == ["Budget and stop rules", "Policy and model", "Search and memory",
+                                                "Evaluator"]
+    version = cli("--version")
+    assert version.exit_code == 0 and version.output.startswith("kloop ")
+
+
+def test_scratch_folders_of_dead_processes_are_removed_at_the_next_start(tmp_path, monkeypatch):
+    from agent import run as runs
+    from sandbox.evaluate import Session
+
+    monkeypatch.setenv("KLOOP_SCRATCH", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed_session = tmp_path / "kloop-session-aaaaaaaa"
+    (killed_session / "best-3").mkdir(parents=True)
+    (killed_session / runs.SCRATCH_OWNER).write_text(json.dumps(runs.owner_record(dead.pid) | {"started": "1"}))
+    unclaimed = tmp_path / "kloop-session-bbbbbbbb"   # made by a caller that never claimed it: left alone
+    unclaimed.mkdir()
+    killed_child = tmp_path / "kloop-cccccccc"         # a planner's folder whose planner is gone
+    killed_child.mkdir()
+    (killed_child / "stdout.txt").write_text("")
+    (tmp_path / "kloop-gpu-users").mkdir()
+    with Session(spares=1) as session:                 # a live session: its folder and its warm planner's stay
+        runs.claim_scratch(session.directory)
+        with session.pool._lock:
+            session.pool.refill()
+        session.pool._idle[0].wait_ready(120)
+        assert runs.clean_scratch() == [killed_session]   # the child's folder is too recent to judge yet
+        monkeypatch.setattr(runs, "IDLE_CHILD_S", 0.0)
+        live = sorted(p.name for p in tmp_path.iterdir())
+        assert runs.clean_scratch() == [killed_child]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [n for n in live if n != killed_child.name]
+        assert session.directory.exists() and unclaimed.exists() and (tmp_path / "kloop-gpu-users").exists()
+        assert any(runs.CHILD_FOLDER.fullmatch(p.name) for p in tmp_path.iterdir()), "the warm planner's folder"
+
+
+def test_targets_file_shows_the_shapes_kloop_derived():
+    shown = cli("targets", REPO / "tests/targets/tiny_add.py")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0] == "tiny_add"
+    assert lines[1].startswith("  on a GPU: main shape N=1000; 2 hidden variants (")
+    assert lines[2].startswith("  on the CPU (Triton interpreter): main shape N=1000; 2 hidden variants (")
+    assert one_line_error(cli("targets", "nope.py")).startswith("error: unknown target 'nope.py'")
+
+
+def test_a_suite_line_says_time_spent_and_left(monkeypatch):
+    from agent import cmd_suite
+
+    out = io.StringIO()
+    monkeypatch.setattr(cmd_suite, "console", Output(file=out))
+    clock = iter([0.0, 0.0, 120.0, 300.0])
+    view = cmd_suite.SuiteView(type("Plan", (), {"max_attempts": 4}), clock=lambda: next(clock))
+    problem = {"kind": "problem", "index": 0, "total": 3, "problem": "level1/1_op.py", "strategy": "refine",
+               "done": 0, "left": 3, "verified": 0, "timed": False}
+    view(problem)
+    view({"kind": "problem_done", "problem": "level1/1_op.py", "best": None, "status": "finished"})
+    view({**problem, "index": 1, "done": 1, "left": 2})
+    first, _, second = out.getvalue().splitlines()
+    assert first.endswith("| fast_1 untimed | 2 min elapsed")
+    assert second.endswith("| fast_1 untimed | 5 min elapsed, ~10 min left")

@@ -51,7 +51,10 @@ def test_report_writes_plots_and_summary(tmp_path, timed):
     assert "| add_kernel | triton | 32 |" in text                 # resources table of the best kernel
     assert "![progress](progress.png)" in text and ("![roofline](roofline.png)" in text) == timed
     assert (NO_TIMING_SENTENCE in text) != timed
-    attempt_rows = [line for line in text.split("## Attempts")[1].splitlines() if line.startswith("| ")][1:]
+    assert text.index("## Best kernel") < text.index("## Attempts") < text.index("## Run settings") < \
+        text.index("Settings:\n```json")   # results first, the settings JSON last
+    attempts_part = text.split("## Attempts")[1].split("## Run settings")[0]
+    attempt_rows = [line for line in attempts_part.splitlines() if line.startswith("| ")][1:]
     assert [row.split("|")[5].strip() for row in attempt_rows] == [
         "compile_error", "incorrect", "correct", "correct", "correct", "correct", "rejected"]
     if timed:
@@ -131,6 +134,20 @@ def test_the_best_so_far_line_is_the_run_s_best(tmp_path):
     best = next(line for line in eager.lines if line.get_label() == "best so far")
     assert list(best.get_ydata()) == pytest.approx([1.5, 1.5, 2.0])
     assert max(eager.lines[0].get_ydata()[:2]) == pytest.approx(30 / 19)
+
+
+def test_the_best_so_far_line_never_goes_down(tmp_path):
+    """A new best wins by the paired re-measurement; its own measured speedup can read lower than the old best's
+    (another timing round): the line keeps the highest so far."""
+    store = open_db(tmp_path / "kloop.db")
+    run_id = store.create_run(target_name="vector_add", policy="offline")
+    faster = VsBest(best_attempt=1, ratio=0.95, ci_low=0.93, ci_high=0.97, n=30, outcome="faster")
+    for median, vs_best in ((20.0, None), (21.0, faster)):
+        store.add_attempt(run_id, source=kernel(64), **store_columns(evaluated.result(
+            "correct", median, eager_us=30.0, gpu=GPU, nbytes=1 << 20, vs_best=vs_best)))
+    eager = progress_figure(store.attempts(run_id), "vector_add").axes[0]
+    best = next(line for line in eager.lines if line.get_label() == "best so far")
+    assert list(best.get_ydata()) == pytest.approx([1.5, 1.5])
 
 
 def test_roofline_of_an_op_without_flops_shows_bandwidth(tmp_path):

@@ -263,9 +263,11 @@ def test_trainer_adapters(server, monkeypatch):
         compute_score("kloop/vector_add", fenced("# target-error"), "vector_add", None)
 
 
-def test_real_evaluator_on_tiny_add(server):
-    """Through the real evaluator (a worker with its own Session; Triton interpreter at CPU sizes)."""
-    s = server("--workers", "1", "--time-limit", "280")
+def test_real_evaluator_on_tiny_add(server, tmp_path):
+    """Through the real evaluator (a worker with its own Session; Triton interpreter at CPU sizes); one log line per
+    answered request; SIGTERM leaves nothing in the scratch root."""
+    scratch = tmp_path / "scratch"
+    s = server("--workers", "1", "--time-limit", "280", env={"KLOOP_SCRATCH": str(scratch)})
     target = (REPO / "tests/targets/tiny_add.py").read_text()
     client = ServeClient(s.url, timeout_s=280)
     answer = client.evaluate(target, (REPO / "tests/candidates/honest_add.py").read_text(),
@@ -277,3 +279,10 @@ def test_real_evaluator_on_tiny_add(server):
     assert answer["reward"] == 1.0 and answer["components"]["correct"] is True
     wrong = client.evaluate("vector_add", (REPO / "tests/candidates/torch_compute.py").read_text())
     assert wrong["result"]["verdict"] != "correct" and wrong["reward"] < 1.0
+    assert any(p.name.startswith("kloop-session-") for p in scratch.iterdir())
+    s.stop(signal.SIGTERM)
+    assert s.proc.returncode == 0
+    assert sorted(p.name for p in scratch.iterdir() if p.name != "kloop-gpu-users") == []
+    logged = s.proc.stdout.read().splitlines()
+    assert logged[0].startswith(f"kloop serve: {answer['id']} target source '") and ": correct, reward 1," in logged[0]
+    assert logged[1].startswith(f"kloop serve: {wrong['id']} target vector_add: ") and "on cpu-0" in logged[1]

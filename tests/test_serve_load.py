@@ -13,7 +13,7 @@ pytest.importorskip("uvicorn")
 psutil = pytest.importorskip("psutil")
 
 from agent.serve_client import ServeClient  # noqa: E402
-from tests.test_serve import STUB, Server  # noqa: E402
+from test_serve import STUB, Server  # noqa: E402  (tests/ is on sys.path under pytest, like fakes/)
 
 CONCURRENT = 200
 

@@ -306,3 +306,33 @@ def test_the_offline_policy_searches_around_the_parent_first(tmp_path):
     proposal = policy.propose(ctx)  # the parent (attempt 2) is searched around before the best (attempt 1)
     assert read_marker(proposal.source)["values"] == {"BLOCK_SIZE": 512, "NUM_WARPS": 4}
     assert proposal.reasoning.startswith("Attempt 2 ")
+
+
+def test_evolve_progress_lines_name_the_parent_island_and_cell(store):
+    """The attempt events carry the strategy's pick, and the progress line shows it (issue 38: evolve printed what
+    refine prints)."""
+    import io
+
+    from agent.output import Output
+    from agent.progress import ProgressView
+
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    settings = LoopSettings(max_attempts=5, patience=100, target_sol=2.0, strategy="evolve", strategy_seed=11,
+                            migrate_every=3)
+    loop = Loop(store=store, run_id=run_id, policy=ParentPolicy(), evaluation=FakeEvaluation, settings=settings,
+                target_name="fake", target_source="class Model: ...")
+    events = []
+    run_loop(loop, Path(f"{store.path}.checkpoints"), on_event=events.append)
+    picks = [e["pick"] for e in events if e["kind"] == "attempt"]
+    logged = trace(store, run_id)
+    assert [p["parent"] if p else None for p in picks] == [parent for _, parent, *_ in logged]
+    assert [p["reason"] if p else "" for p in picks] == [reason or "" for _, _, reason, *_ in logged]
+    out = io.StringIO()
+    view = ProgressView(5, Output(file=out))
+    for event in events:
+        view(event)
+    lines = out.getvalue().splitlines()
+    later = next(i for i, p in enumerate(picks) if p and p["parent"] is not None)
+    pick = picks[later]
+    assert lines[later].startswith(f"#{later + 1} (branch 0, from #{pick['parent']} island {pick['island']}"
+                                   + (f" cell {pick['cell']})" if pick["cell"] else ")"))

@@ -96,6 +96,9 @@ def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_na
                 ax.plot(*zip(*points), marker="o", linewidth=0.8, markersize=4,
                         label=f"branch {branch}" if len(branches) > 1 else "correct attempt")
         steps = [(a["number"], best[key]) for a, best in zip(ordered, bests) if best and best.get(key) is not None]
+        # A new best wins by the paired re-measurement against the old one: its own measured ratio to eager can read
+        # lower than the old best's did. The line keeps the highest so far, so it never goes down.
+        steps = [(number, max(value for _, value in steps[:i + 1])) for i, (number, _) in enumerate(steps)]
         if steps:
             ax.step(*zip(*steps), where="post", color="black", linewidth=1.6, label="best so far")
         failed = [a["number"] for a in ordered if a.get("verdict") != "correct"]
@@ -262,9 +265,9 @@ def summary_markdown(run: dict, attempts: list[dict], best: dict | None, images:
     for name in ("eager", "compile"):
         settings_rows.append([f"baseline {name} (us)", (baselines.get(name) or {}).get("median")])
     parts = [f"# kloop run {run['id']}: {run.get('target_name')}", "",
-             markdown_table(["setting", "value"], settings_rows), "",
-             "Settings:", _json_block(run.get("settings") or {}), "",
-             "Numeric flags:", _json_block(run.get("numeric_flags") or {}), ""]
+             f"{run.get('status')}, {len(attempts)} attempts, {run.get('policy')} policy"
+             + (f" ({run['notes']})" if run.get("notes") else "")
+             + f"; on {run.get('gpu_name') or 'no GPU'}. The run's settings are at the end.", ""]
     if not is_timed(attempts):
         parts += [NO_TIMING_SENTENCE, ""]
     parts += [f"![{Path(image).stem}]({image})" for image in images] + [""]
@@ -291,6 +294,9 @@ def summary_markdown(run: dict, attempts: list[dict], best: dict | None, images:
         [[a["number"], a.get("branch"), a.get("turn"), a.get("language"), a.get("verdict"), _median(a),
           a.get("speedup_eager"), a.get("speedup_compile"), a.get("sol_fraction"),
           ((a.get("reasons") or [""])[0] or "")[:120]] for a in attempts]), ""]
+    parts += ["## Run settings", "", markdown_table(["setting", "value"], settings_rows), "",
+              "Settings:", _json_block(run.get("settings") or {}), "",
+              "Numeric flags:", _json_block(run.get("numeric_flags") or {}), ""]
     return "\n".join(parts)
 
 

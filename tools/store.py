@@ -33,11 +33,13 @@ RUN_COLUMNS = {
     "id": str, "created_at": str, "finished_at": str, "status": str, "target_name": str, "target_source": str,
     "target_sha256": str, "gpu_name": str, "driver": str, "cuda": str, "versions": str, "numeric_flags": str,
     "policy": str, "model": str, "settings": str, "baselines": str, "best_attempt_id": int, "parent_run_id": str,
-    "parent_kind": str, "notes": str, "gpu": str, "isolation": str,
+    "parent_kind": str, "notes": str, "gpu": str, "isolation": str, "owner": str,
 }
 # Columns added to schema v1 after its first release: nullable, added on a writable open of an older v1 file (an
 # additive change: readers that select * just see one more column). A read-only open reads them as absent (None).
-ADDED_RUN_COLUMNS = {"gpu": str, "isolation": str}
+# `owner`: the process running the run now or last ({host, pid, started}: pid start time in clock ticks since boot), so
+# a run left `running` by a killed process can be told from a live one (agent.run.liveness).
+ADDED_RUN_COLUMNS = {"gpu": str, "isolation": str, "owner": str}
 ATTEMPT_COLUMNS = {
     "id": int, "run_id": str, "number": int, "branch": int, "parent_attempt_id": int, "turn": int, "created_at": str,
     "language": str, "source": str, "source_hash": str, "reasoning": str, "ptx": str, "sass": str,
@@ -60,6 +62,7 @@ MESSAGE_COLUMNS = {
 JSON_COLUMNS = {
     "versions", "numeric_flags", "settings", "baselines", "ptx", "sass", "resources", "reasons", "time_us",
     "roofline", "correctness", "ncu", "nvml", "flags", "durations", "result", "content", "gpu", "withheld",
+    "owner",
 }
 RUN_STATUSES = ("running", "finished", "stopped", "failed")
 # Two ideas, two names (docs/design.md, "Best and fastest"):
