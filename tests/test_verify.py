@@ -87,7 +87,7 @@ def test_input_families_keep_order_and_bits_and_leave_whole_numbers_alone():
             assert torch.equal(x.argsort(), own[0].argsort())           # sorted boundaries stay sorted
         ranges[family] = (float(x.min()), float(x.max()))
     assert ranges["signed"][0] < 0 < ranges["signed"][1] and 0 < ranges["positive"][0]
-    assert ranges["negative"][1] < 0 and ranges["near_one"][0] >= 1 - 2 ** -3 and ranges["near_one"][1] == 1.0
+    assert ranges["negative"][1] < 0 and ranges["near_one"][0] >= 1 - 2 ** -6 and ranges["near_one"][1] == 1.0
     assert ranges["large"][1] > 15 and ranges["small"][1] < 2 ** -7
     sorted_rows = make_inputs(module, 7, "sorted")[0]
     assert torch.equal(sorted_rows, sorted_rows.sort(dim=-1).values)
@@ -216,5 +216,9 @@ def test_a_masked_family_leaves_out_elements_near_overflow():
     out[near] = float("inf")                                 # another order overflows a step earlier
     assert verify.compare(out, ref)[0]                       # the target's own inputs: the positions must agree
     assert verify.compare(out, ref, to_scale=True, masked=True)[0] == []
-    out[0, 0] = 0.0                                          # a wrong element where the reference is ordinary
-    assert verify.compare(out, ref, masked=True)[0]
+    out[1, 40] = float("-inf")                               # an overflowing row: its order's other infinities
+    assert verify.compare(out, ref, to_scale=True, masked=True)[0] == []
+    fine = torch.randn(4, 64)
+    wrong = fine.clone()
+    wrong[0, 0] = 5.0                                        # a wrong element in a row that never overflows
+    assert verify.compare(wrong, fine, masked=True)[0]

@@ -18,7 +18,7 @@ mask, counts or indices), by a transform whose constants come from the seed (so 
 | small | scaled by 2^-k, k in [8, 20] |
 | sorted / reversed | `signed`, then each row (last dimension) sorted ascending / descending |
 | tied | its range mapped onto [-c, c], c in [0.5, 2], then rounded to 8 levels, none 0: many equal values per row (ties in top-k, argmax, sort) |
-| near_one | its range mapped onto [1 - 2^-k, 1], k in [3, 10] (gates near one: a scan's long memory) |
+| near_one | its range mapped onto [1 - 2^-k, 1], k in [6, 10] (gates near one: a scan's long memory) |
 
 The maps keep the order of the values (sorted boundaries stay sorted) and are the same arithmetic on both sides.
 """
@@ -75,7 +75,7 @@ def _transform(x: torch.Tensor, family: str, draw: random.Random) -> None:
         a = 2.0 ** draw.uniform(-10, -1)
         a, b = -(a + 2.0 ** draw.uniform(-0.5, 3)), -a
     elif family == "near_one":
-        a, b = 1.0 - 2.0 ** -draw.uniform(3, 10), 1.0
+        a, b = 1.0 - 2.0 ** -draw.uniform(6, 10), 1.0
     elif family == "tied":   # an even count of levels symmetric about 0: none is 0 (a product of ties never 0 * inf)
         b = 2.0 ** draw.uniform(-1, 1)
         a = -b
