@@ -1033,3 +1033,25 @@ def test_group_by_target_gives_grpo_groups_with_contrast(runs_db, tmp_path):
     assert "1 with more than one distinct reward" in card
     bad = run_export(db, out, "--format", "rl", "--group-by", "run")
     assert bad.exit_code == 2 and "unknown --group-by 'run'" in bad.output
+
+
+def test_exports_into_a_new_folder_are_readable_and_keep_each_others_cards(runs_db, tmp_path):
+    folder = tmp_path / "not" / "there" / "yet"
+    for name, fmt in (("sft.jsonl", "trl"), ("ft.jsonl", "openai")):
+        result = run_export(runs_db[0], folder / name, "--format", fmt)
+        assert result.exit_code == 0, result.output
+    cards = sorted(p.name for p in folder.glob("*README.md"))
+    assert cards == ["README.md", "ft.jsonl.README.md"]                     # the second card beside, not over, the first
+    assert "`sft.jsonl`" in (folder / "README.md").read_text()
+    assert "`ft.jsonl`" in (folder / "ft.jsonl.README.md").read_text()
+    assert (folder / "sft.jsonl").stat().st_mode & 0o777 == 0o666 & ~_umask()   # not mkstemp's 0600
+    again = run_export(runs_db[0], folder / "sft.jsonl", "--format", "trl")    # the same export again: its own card
+    assert again.exit_code == 0 and sorted(p.name for p in folder.glob("*README.md")) == cards
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

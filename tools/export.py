@@ -1112,6 +1112,7 @@ def _write_atomic(out: str | os.PathLike, write: Callable, binary: bool = False)
     try:
         with os.fdopen(fd, "wb" if binary else "w") as f:
             write(f)
+        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp's 0600 would keep a dataset from its other readers
         os.replace(tmp, out)
     except OSError as e:
         os.unlink(tmp)
@@ -1119,6 +1120,12 @@ def _write_atomic(out: str | os.PathLike, write: Callable, binary: bool = False)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_parquet(records: list[dict], out: str | os.PathLike) -> None:
@@ -1186,8 +1193,10 @@ def card_path(out: Path) -> Path:
     """README.md beside the export (inside it, for a folder); a README.md kloop did not write is never replaced."""
     folder = out if out.is_dir() else out.parent
     card = folder / "README.md"
-    if card.exists() and "kloop_export:" not in card.read_text(errors="replace")[:2000]:
-        return folder / f"{out.name}.README.md"
+    if card.exists():   # another export's card (or one kloop did not write) stays: this one gets a card of its own
+        text = card.read_text(errors="replace")
+        if "kloop_export:" not in text[:2000] or f"`{out.name}`" not in text:
+            return folder / f"{out.name}.README.md"
     return card
 
 
@@ -1294,6 +1303,10 @@ def export(db_paths: list[str | os.PathLike], out: str | os.PathLike, options: E
     out = Path(out)
     if options.format != "flashinfer" and out.is_dir():
         raise ExportError(f"{out} is a directory: give a file path")
+    try:
+        (out if options.format == "flashinfer" else out.parent).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot make the folder for {out}: {e.strerror}") from None
     if options.format == "flashinfer" and out.exists() and not out.is_dir():
         raise ExportError(f"{out} is a file: --format flashinfer writes a folder")
     builder = _build(db_paths, options)
