@@ -198,7 +198,7 @@ class Device:
             if self.cuda:
                 workdir = Path(tempfile.mkdtemp(prefix="referee-", dir=self.session.directory))
                 # The first referee warms up before it is ready (sandbox.referee.warm_up); one started again
-                # mid-evaluation (a reference that device-asserts on every spread trial) would pay it every time.
+                # mid-evaluation (a reference that device-asserts on a family's inputs) would pay it every time.
                 first = "1" if self.referee_starts == 1 else ""
                 env = {**clean_env(workdir, True), "KLOOP_REFEREE_WARM_UP": first}
                 self._referee = Child("sandbox.referee", cuda=True, jailed=False, statuses=REFEREE_STATUSES,

@@ -1,4 +1,4 @@
-"""tools/verify.py: the tolerance rule, and the spread trial's rule against the output's scale."""
+"""tools/verify.py: the element and norm rules, input families, and the rule against the output's scale for them."""
 import pytest
 import torch
 
@@ -15,7 +15,7 @@ def _blocked_cumsum(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
 
 def test_a_scan_over_terms_of_both_signs_is_judged_against_the_outputs_scale():
     torch.manual_seed(0)
-    x = torch.rand(4, 1 << 20) * 8 - 4                      # the spread trial's inputs; partial sums reach ~3000
+    x = torch.rand(4, 1 << 20) * 8 - 4                      # a signed family's inputs; partial sums reach ~3000
     ref, out = torch.cumsum(x, dim=1), _blocked_cumsum(x)
     elementwise, _ = verify.compare(out, ref)
     assert elementwise and "elements outside atol=0.0001" in elementwise[0]   # rounding, where the sum nears 0

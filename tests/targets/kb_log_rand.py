@@ -1,5 +1,5 @@
-"""KernelBench-style op whose domain is positive: log of torch.rand inputs (spread inputs make the reference NaN,
-so a spread trial says nothing and is skipped)."""
+"""KernelBench-style op whose domain is positive: log of torch.rand inputs (negative inputs make the reference NaN:
+those elements are masked, and the all-negative family is skipped)."""
 import torch
 import torch.nn as nn
 
