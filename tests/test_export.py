@@ -782,8 +782,9 @@ def test_bad_input_is_one_line_and_writes_nothing(runs_db, tmp_path, case):
     elif case == "schema_version":
         with sqlite3.connect(db) as conn:
             conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
-    elif case == "unwritable":
-        out = tmp_path / "no" / "such" / "dir" / "out.jsonl"
+    elif case == "unwritable":   # a missing folder is made; one under a plain file cannot be
+        (tmp_path / "a_file").write_text("")
+        out = tmp_path / "a_file" / "dir" / "out.jsonl"
     elif case == "missing_db":
         db = tmp_path / "missing.db"
     elif case == "unknown_split":

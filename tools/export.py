@@ -1303,10 +1303,6 @@ def export(db_paths: list[str | os.PathLike], out: str | os.PathLike, options: E
     out = Path(out)
     if options.format != "flashinfer" and out.is_dir():
         raise ExportError(f"{out} is a directory: give a file path")
-    try:
-        (out if options.format == "flashinfer" else out.parent).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"cannot make the folder for {out}: {e.strerror}") from None
     if options.format == "flashinfer" and out.exists() and not out.is_dir():
         raise ExportError(f"{out} is a file: --format flashinfer writes a folder")
     builder = _build(db_paths, options)
@@ -1315,6 +1311,10 @@ def export(db_paths: list[str | os.PathLike], out: str | os.PathLike, options: E
         raise ExportError(f"nothing to export: no {'' if options.all_verdicts or options.format in ('rl', 'verl') else 'verified-correct '}"
                           f"submission in {summary.runs} run(s) passes the filters"
                           + (f" ({summary.excluded} run(s) excluded as evaluation problems)" if summary.excluded else ""))
+    try:   # the folder --out names, made only once there is something to write
+        (out if options.format == "flashinfer" else out.parent).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"cannot make the folder for {out}: {e.strerror}") from None
     if options.format == "flashinfer":
         summary.files += [str(p) for p in write_flashinfer(builder.flashinfer, out)]
     elif options.split_by:
