@@ -4,11 +4,13 @@ selected by -m 'gpu or device', on a GPU."""
 from pathlib import Path
 
 import pytest
+import torch
 
 from sandbox import evaluate as evaluate_module
 from sandbox.evaluate import EvalSettings, Session, evaluate
 from tools.result import CHECKS_VERSION
 from tools.target import load_target
+from tools.verify import NORM_FLOOR
 
 pytestmark = pytest.mark.device
 
@@ -41,7 +43,9 @@ def test_arithmetic_coarser_than_the_targets_dtype_fails_though_under_atol(sessi
     cheat = judge("kb_linear_softmax", "fp16_gemm_softmax", session)
     assert cheat.verdict == "incorrect" and any("of its norm" in r for r in cheat.reasons), cheat.reasons
     honest = judge("kb_linear_softmax", "honest_linear_softmax", session)
-    assert honest.verdict == "correct" and honest.correctness.norm_err < 1e-5, honest.reasons
+    # an fp32 GEMM summed in another order: a few ulps, far inside the floor the fp16 reads break (1e-5 to 3e-5 seen
+    # on the CPU, as the salted draw varies)
+    assert honest.verdict == "correct" and honest.correctness.norm_err < NORM_FLOOR[torch.float32] / 2, honest.reasons
 
 
 def test_a_numerically_unstable_variance_fails_where_the_mean_dwarfs_the_spread(session):
