@@ -15,7 +15,7 @@ from rich.table import Table
 
 from agent.output import fail, make_console
 from agent.progress import ProgressView
-from tools.store import DEFAULT_DB
+from tools.records.store import DEFAULT_DB
 
 console = make_console()
 
@@ -32,7 +32,7 @@ def bench_command(
     pipeline: Optional[int] = typer.Option(None, min=1, help="Attempts in flight (default: enough to keep planners and GPUs busy; 1: one candidate at a time)."),
 ) -> None:
     """Benchmark the loop: offline policy per target, then best kernel vs eager vs torch.compile, ceilings and goals."""
-    from tools.store import StoreError, open_db
+    from tools.records.store import StoreError, open_db
     from tools.targets import BUILTIN_TARGETS
 
     names = [t.strip() for t in targets.split(",") if t.strip()] if targets is not None else list(BUILTIN_TARGETS)
@@ -83,8 +83,8 @@ def run_bench(store, names: list[str], minutes_per_target: float, max_attempts: 
     from agent import run as runs
     from agent.run import gpu_facts
     from sandbox.evaluate import NO_GPU_NOTE, versions
-    from tools import bench
-    from tools.store import now
+    from tools.records import bench
+    from tools.records.store import now
 
     evaluator = {k: v for k, v in (evaluator or {}).items() if v is not None}
     timing_is_real = torch.cuda.is_available()
@@ -129,7 +129,7 @@ def _bench_one(store, name: str, minutes_per_target: float, max_attempts: int | 
     import torch
 
     from sandbox.evaluate import EvalSettings, evaluate
-    from tools import bench
+    from tools.records import bench
 
     target, run_id, loop_seconds = optimize_one(store, name, minutes_per_target, max_attempts, evaluator, session)
     attempts = store.attempts(run_id)

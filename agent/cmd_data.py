@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from agent.output import fail
-from tools.store import DEFAULT_DB
+from tools.records.store import DEFAULT_DB
 
 
 
@@ -31,7 +31,7 @@ def export_command(
 ) -> None:
     """Write training data from run databases; only verified kernels are trained on (see README, Harvesting)."""
     from agent.prompting import export_prompts
-    from tools.export import ExportError, ExportOptions, export
+    from tools.records.export import ExportError, ExportOptions, export
 
     options = ExportOptions(format=format, train_on=train_on, min_speedup=min_speedup, language=language,
                             include_rejected=include_rejected, all_verdicts=all_verdicts, run_ids=tuple(run),
@@ -84,7 +84,7 @@ def report_command(
     out: Path = typer.Option(..., "--out", "-o", help="directory for the PNG plots and report.md"),
 ) -> None:
     """Plots (speedup and speed of light per attempt, roofline) and a markdown summary of one run."""
-    from tools.report import ReportError, write_report
+    from tools.records.report import ReportError, write_report
 
     try:
         written = write_report(run_id, db, out)

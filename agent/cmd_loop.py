@@ -19,7 +19,7 @@ from agent.output import fail, make_console, plural, print_code
 from agent.progress import ProgressView, attempt_label, budget_words, shorten
 from agent.run import RunError, RunFailed, RunFinished
 from tools.result import EvalResult
-from tools.store import DEFAULT_DB
+from tools.records.store import DEFAULT_DB
 
 console = make_console()
 
@@ -58,7 +58,7 @@ def optimize_command(
     compile_mode: str = typer.Option("max-autotune-no-cudagraphs", metavar="MODE", rich_help_panel=EVALUATOR, help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
 ) -> None:
     """Optimize one target's kernel: write, assemble, verify, profile, reflect, log; repeat until a stop rule."""
-    from tools.store import StoreError, open_db
+    from tools.records.store import StoreError, open_db
 
     policy = policy or runs.default_policy()
     _check_early(policy, strategy, base_url, model)
@@ -121,7 +121,7 @@ def resume_command(
 ) -> None:
     """Continue a stopped, failed or killed run where it left off (same attempt numbering); with new budgets,
     extend a finished one."""
-    from tools.store import StoreError, open_db
+    from tools.records.store import StoreError, open_db
 
     try:
         store = open_db(db, create=False)
@@ -145,7 +145,7 @@ def runs_command(
     as_json: bool = typer.Option(False, "--json", help="Print {runs, leaderboard} as one JSON object."),
 ) -> None:
     """List runs: status, target, policy, attempts and best speedup."""
-    from tools.store import StoreError, open_db
+    from tools.records.store import StoreError, open_db
 
     table = Table(title="kloop runs", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for column in ("run", "created", "status", "target", "policy", "tries", "best x"):
@@ -193,7 +193,7 @@ def _when(created_at: str | None) -> str:
 
 
 def _leaderboard(db_paths: list[Path]) -> list[dict]:
-    from tools.report import ReportError, leaderboard
+    from tools.records.report import ReportError, leaderboard
 
     try:
         return leaderboard(db_paths)
@@ -306,7 +306,7 @@ def diff_command(
 
 
 def _open_run(db: Path, run_id: str):
-    from tools.store import StoreError, open_db
+    from tools.records.store import StoreError, open_db
 
     try:
         store = open_db(db, create=False, readonly=True)
@@ -334,7 +334,7 @@ def _verdict(verdict: str | None) -> str:
 def _print_attempt(run: dict, attempts: list[dict], a: dict) -> None:
     """One attempt whole: what it was, its verdict and every reason, its numbers, its parent and the strategy's
     reason for that parent, then its source as it is."""
-    from tools.view import attempt_facts
+    from tools.records.view import attempt_facts
 
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731  (candidate text: no markup)
     console.print(f"attempt [bold]{a['number']}[/] of run {escape(run['id'])} ({escape(run['target_name'])}): "
@@ -353,7 +353,7 @@ def _print_attempt(run: dict, attempts: list[dict], a: dict) -> None:
 
 def _print_diff(old: dict | None, new: dict) -> None:
     """A unified diff (difflib) of two attempts' sources; from nothing when the attempt had no parent."""
-    from tools.view import source_diff
+    from tools.records.view import source_diff
 
     if old is None:
         console.print(f"attempt {new['number']} has no parent (it started from the target alone): the whole source "

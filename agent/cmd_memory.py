@@ -1,4 +1,4 @@
-"""`kloop memory list|show|forget`: inspect and prune the memory kept across runs (tools/memory.py)."""
+"""`kloop memory list|show|forget`: inspect and prune the memory kept across runs (tools/records/memory.py)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from rich.table import Table
 
 from agent.output import fail
 from agent.output import make_console
-from tools.store import DEFAULT_DB
+from tools.records.store import DEFAULT_DB
 
 console = make_console()
 app = typer.Typer(help="Inspect and prune the memory kept across runs (tunings, lessons).", no_args_is_help=True)
@@ -19,7 +19,7 @@ MEMORY_OPTION = typer.Option(DEFAULT_MEMORY, "--memory", help="Memory file.")
 
 
 def _open(path: Path):
-    from tools.memory import MemoryFileError, open_memory
+    from tools.records.memory import MemoryFileError, open_memory
 
     try:
         return open_memory(path, create=False)
@@ -59,7 +59,7 @@ def show_command(item: str = typer.Argument(..., help="L<id> (a lesson) or T<id>
                  memory: Path = MEMORY_OPTION,
                  as_json: bool = typer.Option(False, "--json", help="Print the item as JSON.")):
     """One item in full: a lesson with its evidence and judgements, or a tuning with where it came from."""
-    from tools.memory import MemoryFileError
+    from tools.records.memory import MemoryFileError
 
     m = _open(memory)
     try:
@@ -86,7 +86,7 @@ def forget_command(items: Optional[List[str]] = typer.Argument(None, help="L<id>
                    retired: bool = typer.Option(False, "--retired", help="Also delete every retired lesson."),
                    memory: Path = MEMORY_OPTION):
     """Delete items (and with --retired, every lesson later runs contradicted more than supported)."""
-    from tools.memory import MemoryFileError
+    from tools.records.memory import MemoryFileError
 
     if not items and not retired:
         fail("name the items to forget (L<id>, T<id>) or give --retired")

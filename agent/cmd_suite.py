@@ -1,7 +1,7 @@
 """`kloop suite`: the loop on every problem of a KernelBench-style problem set, then the report.
 
 A command-line adapter: options become an agent.suite.SuitePlan, agent.suite runs it (through agent.run), its events
-are rendered here, tools.suite_report writes the report; SuiteError / RunError become one line and exit 2.
+are rendered here, tools.records.suite_report writes the report; SuiteError / RunError become one line and exit 2.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import typer
 
 from agent.output import fail, make_console, plural
 from agent.progress import ProgressView, clock_words
-from tools.store import DEFAULT_DB
+from tools.records.store import DEFAULT_DB
 
 console = make_console()
 DEFAULT_OUT = Path("runs/suite-report")
@@ -51,7 +51,7 @@ def suite_command(
 
     from agent import run as runs
     from agent import suite
-    from tools.store import StoreError, open_db
+    from tools.records.store import StoreError, open_db
 
     policy = policy or runs.default_policy()
     try:
@@ -161,7 +161,7 @@ class SuiteView:
 
 def _report(store, plan, out: Path) -> list[Path]:
     from agent import suite
-    from tools.suite_report import SuiteReportError, write_suite_report
+    from tools.records.suite_report import SuiteReportError, write_suite_report
 
     title = ", ".join(dict.fromkeys(p.key.split("/")[0] if p.level is not None else "problems"
                                     for p in plan.problems))

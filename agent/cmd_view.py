@@ -1,4 +1,4 @@
-"""`kloop view`: one run, or a suite, as one self-contained HTML page (tools/view.py) to read offline in a browser."""
+"""`kloop view`: one run, or a suite, as one self-contained HTML page (tools/records/view.py) to read offline in a browser."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from agent.output import fail, make_console
-from tools.store import DEFAULT_DB
+from tools.records.store import DEFAULT_DB
 
 
 def view_command(
@@ -25,7 +25,7 @@ def view_command(
     out = out or db.parent / f"{run_id or 'suite'}.html"
     if out.is_dir():
         fail(f"--out {out} is a folder; give the HTML file to write")
-    from tools.view import ViewError, write_run_view, write_suite_view
+    from tools.records.view import ViewError, write_run_view, write_suite_view
 
     try:
         if suite:
@@ -42,7 +42,7 @@ def view_command(
 def _suite_rows(db: Path) -> tuple[list[dict], str]:
     """Every problem row the database's suites recorded, in the order they were run."""
     from agent.suite import PROBLEMS_TABLE
-    from tools.store import StoreError, open_db
+    from tools.records.store import StoreError, open_db
 
     try:
         store = open_db(db, create=False, readonly=True)

@@ -33,7 +33,7 @@ from agent.output import duration, plural
 from agent.policy import AttemptView, Message, Policy, PolicyError, Proposal, ProposeContext
 from agent.strategies import cell_of_result, choose
 from tools.result import FAILED, EvalResult
-from tools.store import Store, attempt_columns, now, takes_the_lead
+from tools.records.store import Store, attempt_columns, now, takes_the_lead
 
 # The graph's own verdict for a turn whose answer carried no usable candidate (not one of the evaluator's six).
 FORMAT_ERROR = "format_error"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 
-from tools.wire import SUBMIT
+from tools.records.wire import SUBMIT
 # A PTX or SASS dump of a big kernel can run to megabytes; the model gets the head and is told so.
 MAX_RESULT_CHARS = 40_000
 

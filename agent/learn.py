@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.policy import RunDigest
-from tools.memory import CPU, MemoryFileError, open_memory, size_bucket
+from tools.records.memory import CPU, MemoryFileError, open_memory, size_bucket
 
 LESSONS_K = 5
 
@@ -112,10 +112,10 @@ def after_run(store, run_id: str, policy, settings: dict, target=None) -> list[s
 
 
 def remember_tunings(memory, store, run: dict, attempts: list[dict], features: dict) -> list[str]:
-    """Per offline template, the tunables of its fastest verified attempt (tools.store.fastest_key: untimed, the
+    """Per offline template, the tunables of its fastest verified attempt (tools.records.store.fastest_key: untimed, the
     first verified)."""
     from agent.policies.offline import read_marker
-    from tools.store import fastest_key
+    from tools.records.store import fastest_key
 
     fastest: dict[str, dict] = {}
     for a in attempts:

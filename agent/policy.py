@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tools.messages import Message  # noqa: F401  (re-exported: policies build Messages)
+from tools.records.messages import Message  # noqa: F401  (re-exported: policies build Messages)
 from tools.result import EvalResult
 
 

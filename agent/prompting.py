@@ -283,10 +283,10 @@ def candidate_from_text(text: str) -> tuple[Candidate | None, str]:
 
 # -- export ----------------------------------------------------------------------------------------------------------
 def export_prompts():
-    """The wording tools.export uses to rebuild an offline-policy run as the conversation a model would have had."""
+    """The wording tools.records.export uses to rebuild an offline-policy run as the conversation a model would have had."""
     from agent.inspect_tools import SUBMIT, TOOLS, openai_tools
-    from tools.export import Prompts
-    from tools.store import best_after
+    from tools.records.export import Prompts
+    from tools.records.store import best_after
 
     def turn(run: dict, gpu: dict | None, history: list[dict], number: int) -> str:
         views = [attempt_view(row, with_source=True) for row in history]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools.store import Store, StoreError, attempt_columns, gpu_columns, now, open_db
+from tools.records.store import Store, StoreError, attempt_columns, gpu_columns, now, open_db
 
 WHICH = ("best", "correct", "all")
 TIME_REL_TOLERANCE = 0.10   # timings closer than this are the same ...

@@ -1,6 +1,6 @@
 """kloop's reward for RL: a model's completion turned back into a kloop verdict by the evaluator, then a scalar.
 
-The scalar is tools.export.scalar_reward (formula in tools.export.REWARD_FORMULA, the same one `kloop export --format
+The scalar is tools.records.export.scalar_reward (formula in tools.records.export.REWARD_FORMULA, the same one `kloop export --format
 rl|verl` writes): 0 without a kernel that ran (format_error, rejected, compile_error), 0.1 for one that ran and failed
 (incorrect, runtime_error, timeout), 1 + 0.5 * clip(log2(speedup over eager), -1, 3) for a verified one (1.0 untimed).
 The completion may hold its submit_candidate call as structured tool_calls or as any chat template's text for one
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.prompting import candidate_from_submission, candidate_from_text
-from tools.export import scalar_reward
+from tools.records.export import scalar_reward
 from tools.result import EvalResult
-from tools.wire import SUBMIT
+from tools.records.wire import SUBMIT
 
 log = logging.getLogger("kloop.reward")
 

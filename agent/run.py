@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from tools.store import Store, gpu_columns
+from tools.records.store import Store, gpu_columns
 
 POLICIES = ("offline", "anthropic", "openai", "replay")
 LANGUAGES = ("triton", "ptx", "auto")
@@ -417,7 +417,7 @@ def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: fl
     """A stopped, failed or killed run, to continue where it left off; new budgets (for the whole run) also extend a
     finished one. RunFinished for a finished run given no new budget; RunError for budgets already spent, a target
     that changed since, or PTX without a GPU."""
-    from tools.store import StoreError
+    from tools.records.store import StoreError
 
     check_budgets(hours, None)
     try:
@@ -461,7 +461,7 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=N
     session: an evaluator to run in (`evaluator_session`; kept warm across runs by its maker, as a suite does),
     else one of its own."""
     from agent.policy import PolicyError
-    from tools.store import StoreError
+    from tools.records.store import StoreError
     from tools.target import TargetError
 
     r.store.update_run(r.id, owner=owner_record())

@@ -5,7 +5,7 @@
                                     202 {"id", "status": "queued"}; with wait=true, 200 and the answer below
     GET  /v1/result/{id}[?wait=true&timeout=S]
                                     {"id", "status": queued|running|done, and when done: "result" (EvalResult.to_dict()),
-                                     "components" and "reward" (agent/reward.py, tools.export.REWARD_FORMULA),
+                                     "components" and "reward" (agent/reward.py, tools.records.export.REWARD_FORMULA),
                                      "error" (null, or {"kind": time_limit|target|internal, "message"}), "queued_s",
                                      "eval_s", "worker"}
     GET  /v1/health                 {"status": "ok", workers, queue, ...}; the only path that needs no token
@@ -64,7 +64,7 @@ OPTION_RULES = {
     "baselines": (list, None, None),
 }
 BASELINES = ("eager", "compile")
-TIMEOUT_REWARD = 0.1          # tools.export.scalar_reward of a timeout (a kernel that ran and failed)
+TIMEOUT_REWARD = 0.1          # tools.records.export.scalar_reward of a timeout (a kernel that ran and failed)
 
 
 class ServeError(Exception):
@@ -370,7 +370,7 @@ def _worker_main(conn, evaluator: str) -> None:
 
 def _reward_of(result: dict) -> dict:
     from agent.reward import reward_components
-    from tools.export import scalar_reward
+    from tools.records.export import scalar_reward
     from tools.result import EvalResult
 
     components = reward_components(EvalResult.from_dict(result))

@@ -1,5 +1,5 @@
 """Suites: the loop on every problem of a KernelBench-style problem set, one run per problem (per strategy), all in
-one run database, resumable; the report is tools/suite_report.py.
+one run database, resumable; the report is tools/records/suite_report.py.
 
     >>> problems = discover(["kernelbench/KernelBench"], levels=[1])          # level1/*.py, in KernelBench order
     >>> plan = SuitePlan(problems, policy="offline", strategies=["refine"], max_attempts=4)
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent import run as runs
-from tools.store import Store, now, open_db
+from tools.records.store import Store, now, open_db
 
 PROBLEMS_TABLE = "suite_problems"
 STARTERS_TABLE = "suite_starters"
@@ -677,9 +677,9 @@ def _best_of(store: Store, run_id: str | None) -> dict | None:
 
 
 def tally(store: Store, rows: list[dict]) -> dict:
-    """Progress so far over the plan's rows (tools.suite_report's definitions): finished and left, verified, fast_1
+    """Progress so far over the plan's rows (tools.records.suite_report's definitions): finished and left, verified, fast_1
     over eager and over torch.compile (None while nothing was timed)."""
-    from tools.suite_report import collect, summarize
+    from tools.records.suite_report import collect, summarize
 
     s = summarize(collect(store, rows))
     return {"done": s["finished"], "left": s["problems"] - s["finished"], "verified": s["verified"],

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.reverify import checks_of  # noqa: E402
 from sandbox.evaluate import EvalSettings, Session  # noqa: E402
 from tools.result import CHECKS_VERSION  # noqa: E402
-from tools.store import open_db  # noqa: E402
+from tools.records.store import open_db  # noqa: E402
 from tools.target import TargetError, check_reference, load_target  # noqa: E402
 
 

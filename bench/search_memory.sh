@@ -83,8 +83,8 @@ echo "done $(( BUDGET_S - deadline + $(date +%s) )) s after the start; every run
 python3 - "$OUT" "$DB" "$ATTEMPTS" "$MEMORY_ATTEMPTS" "${run_ids[@]}" <<'PY'
 import json, sys
 from pathlib import Path
-from tools.store import open_db
-from tools.suite_report import collect
+from tools.records.store import open_db
+from tools.records.suite_report import collect
 
 out, db, attempts, memory_attempts, *run_ids = sys.argv[1:]
 store = open_db(db)

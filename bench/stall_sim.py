@@ -24,7 +24,7 @@ from agent.policies import make_policy  # noqa: E402
 from sandbox.pipeline import Pipeline  # noqa: E402
 from test_pipeline import FakeSession  # noqa: E402
 from tools.result import EvalResult  # noqa: E402
-from tools.store import open_db  # noqa: E402
+from tools.records.store import open_db  # noqa: E402
 from tools.target import load_target  # noqa: E402
 
 COMPILE_DELAY_S = 5.0

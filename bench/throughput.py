@@ -47,7 +47,7 @@ from agent import run as runs  # noqa: E402
 from sandbox.evaluate import EvalSettings, Session, versions  # noqa: E402
 from tools import bench  # noqa: E402
 from tools.profile import gpu_info  # noqa: E402
-from tools.store import open_db  # noqa: E402
+from tools.records.store import open_db  # noqa: E402
 from tools.target import load_target  # noqa: E402
 
 SMALL = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent.prompting import export_prompts  # noqa: E402
-from tools.export import ExportOptions, export, without_offline_mark  # noqa: E402
+from tools.records.export import ExportOptions, export, without_offline_mark  # noqa: E402
 
 SUITES = {"bench": ["bench-h200-part1.db", "bench-h200-part2.db"],
           "level1": ["suite-kernelbench-h100x4/level1/suite.db.xz"],
@@ -170,7 +170,7 @@ def build_tokenizer(work: Path) -> Path:
 
 def step_tokens(dbs: dict, work: Path, tokenizer: Path, report: dict) -> None:
     """Exact counts through the tokenizer's chat template against the estimate, on the same rows."""
-    from tools.export import TokenCounter, _build, length_stats
+    from tools.records.export import TokenCounter, _build, length_stats
     report["tokens"] = {}
     for suite, paths in dbs.items():
         for fmt, train_on in (("trl", "final"), ("trl", "all-correct"), ("openai", "all-correct"), ("verl", "final")):
@@ -385,7 +385,7 @@ def step_verl(work: Path, report: dict, evaluations: int) -> None:
 
 
 def step_decontam(dbs: dict, kernelbench: list[Path], report: dict) -> None:
-    from tools.decontaminate import load_problems, match, problem
+    from tools.records.decontaminate import load_problems, match, problem
     report["decontam"] = {}
     for release in kernelbench:
         for level in ("level1", "level2"):

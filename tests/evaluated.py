@@ -1,13 +1,13 @@
 """Evaluator results for tests, made by the code that makes them: timings by `profile.summarize` from samples,
 rooflines by `profile.roofline`, Nsight Compute counters by `profile.parse_ncu_csv` from the CSV ncu writes,
 speedups by the evaluator's own `_speedups`, resources and correctness as their typed records, and attempt columns
-by `tools.store.attempt_columns`. A fixture written by hand can say what no producer says: a counter key that the
+by `tools.records.store.attempt_columns`. A fixture written by hand can say what no producer says: a counter key that the
 prompts read and the profiler never wrote (`achieved_occupancy` for `achieved_occupancy_pct`) passed its test that
 way. Only the GPU facts are written out here: their producer (`profile.gpu_info`) needs a GPU.
 
     r = result("correct", 15.0, eager_us=30.0, gpu=H100, nbytes=3 * 4 << 20, flops=1 << 20,
                ncu=counters("add_kernel", dram_pct=88.0))
-    columns = {"source": src, **tools.store.attempt_columns(r)}
+    columns = {"source": src, **tools.records.store.attempt_columns(r)}
 """
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ import torch
 from typer.testing import CliRunner
 
 from agent.cli import app
-from tools import bench
+from tools.records import bench
 from tools.result import EvalResult, Roofline, Timing
-from tools.store import open_db
+from tools.records.store import open_db
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"target", "kind", "run_id", "best_attempt", "best_language", "final_verdict", "eager_us", "compile_us",
@@ -167,7 +167,7 @@ def test_sass_evidence_counts_hopper_instructions_of_each_languages_best(tmp_pat
     import dataclasses
 
     import evaluated
-    from tools.store import attempt_columns
+    from tools.records.store import attempt_columns
 
     wgmma_tma = "HGMMA.64x256x16.F32.BF16 R24, gdesc[UR4] ;\nUTMALDG.2D [UR8], [UR10] ;\nUTMALDG.2D [UR8], [UR12] ;\n" \
                 "UTMASTG.2D [UR6], [UR14] ;\n// HGMMA in a comment is a mention, not an instruction"

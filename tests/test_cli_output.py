@@ -18,7 +18,7 @@ from agent.cli import app
 from agent.progress import attempt_label
 from agent.output import Output, duration, plural, print_code
 from sandbox.evaluate import PTX_NOT_RUN
-from tools.store import attempt_columns, open_db
+from tools.records.store import attempt_columns, open_db
 
 REPO = Path(__file__).resolve().parents[1]
 MARKED = ('# kloop-offline: {"template": "vector_add/triton_block", "values": {"BLOCK_SIZE": %d, "NUM_WARPS": 8}}\n'

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.decontaminate import load_problems, match, normalized_tokens, problem
+from tools.records.decontaminate import load_problems, match, normalized_tokens, problem
 from tools.targets import path_of
 
 SOFTMAX_V1 = '''import torch
@@ -99,7 +99,7 @@ def test_two_releases_of_a_problem_match_on_the_op():
 def test_a_different_op_does_not_match_however_alike_the_source():
     sigmoid, softmax = problem(SIGMOID, "sigmoid"), problem(SOFTMAX_V1, "softmax")
     assert match(sigmoid, [softmax, problem(GEMM_V1, "gemm")]) is None
-    from tools.decontaminate import jaccard
+    from tools.records.decontaminate import jaccard
     assert jaccard(sigmoid.shingles, softmax.shingles) > 0.8    # one token apart: the op decides, not the text
 
 
@@ -148,6 +148,6 @@ def test_load_problems_names_files_and_refuses_a_missing_path(tmp_path):
     (tmp_path / "level1").mkdir()
     (tmp_path / "level1" / "23_Softmax.py").write_text(SOFTMAX_V1)
     assert [p.name for p in load_problems([tmp_path])] == ["level1/23_Softmax.py"]
-    from tools.decontaminate import DecontaminationError
+    from tools.records.decontaminate import DecontaminationError
     with pytest.raises(DecontaminationError, match="no such file or folder"):
         load_problems([tmp_path / "missing"])

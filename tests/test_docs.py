@@ -14,7 +14,7 @@ import pytest
 
 from agent.policy import Proposal
 from tools.result import EvalResult
-from tools.store import JSON_COLUMNS, attempt_columns, open_db
+from tools.records.store import JSON_COLUMNS, attempt_columns, open_db
 
 REPO = Path(__file__).resolve().parents[1]
 DESIGN = (REPO / "docs" / "design.md").read_text()

@@ -22,7 +22,7 @@ from fakes import openai_server as fo  # noqa: E402
 from sandbox.pool import WarmPool  # noqa: E402
 from sandbox.process import clean_env  # noqa: E402
 from tools import rules  # noqa: E402
-from tools.store import open_db  # noqa: E402
+from tools.records.store import open_db  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CORRECT = (REPO / "agent/kernels/vector_add/triton_block.py").read_text()

@@ -21,10 +21,10 @@ from agent import cmd_data  # noqa: E402
 from agent.inspect_tools import TOOLS  # noqa: E402
 from agent.policy import Message  # noqa: E402
 from agent.prompting import export_prompts  # noqa: E402
-from tools.export import (ExportOptions, breaks_rules, build_records, normalized_kernel_hash,  # noqa: E402
+from tools.records.export import (ExportOptions, breaks_rules, build_records, normalized_kernel_hash,  # noqa: E402
                           scalar_reward, split_targets)
-from tools.store import attempt_columns as store_columns  # noqa: E402
-from tools.store import open_db  # noqa: E402
+from tools.records.store import attempt_columns as store_columns  # noqa: E402
+from tools.records.store import open_db  # noqa: E402
 
 TARGET = '''import torch
 import torch.nn as nn
@@ -82,7 +82,7 @@ def timing(median: float) -> dict:
 def attempt_columns(verdict: str, source: str, median: float | None = None, eager_us: float = 30.0,
                     compile_us: float = 24.0, **extra) -> dict:
     """The columns the graph stores for one evaluated candidate: an evaluator result made by the evaluator's own
-    producers (tests/evaluated.py), timed on GPU when `median` is given, through tools.store.attempt_columns."""
+    producers (tests/evaluated.py), timed on GPU when `median` is given, through tools.records.store.attempt_columns."""
     timed = median is not None
     result = evaluated.result(
         verdict, median, eager_us=eager_us, compile_us=compile_us, gpu=GPU if timed else None,
@@ -349,7 +349,7 @@ def test_all_verdicts_rows_carry_labels_and_verdicts(runs_db):
 
 def add_marked_run(db) -> str:
     """An offline run whose kernels start with the offline policy's template line, one of them incorrect."""
-    from tools.export import OFFLINE_MARK
+    from tools.records.export import OFFLINE_MARK
     store = open_db(db)
     run_id = store.create_run(target_name="vector_add", target_source=TARGET, policy="offline", model="",
                               gpu_name=GPU["name"], versions=VERSIONS, baselines={"eager": timing(30.0)})
@@ -410,7 +410,7 @@ def exported_units(fmt: str, out: Path) -> list[tuple[str, int, str | None, bool
 def test_no_format_or_flag_weights_a_kernel_that_is_not_correct(runs_db, tmp_path, fmt):
     """Every format x --train-on x --all-verdicts: what is trained (or labelled, weighted, PASSED) is a correct
     attempt's kernel byte for byte (less the offline policy's header line); what is not, is a failed one."""
-    from tools.export import without_offline_mark
+    from tools.records.export import without_offline_mark
     db, ids = runs_db
     marked = add_marked_run(db)
     with sqlite3.connect(db) as conn:
@@ -493,7 +493,7 @@ def test_rl_rows_rewards_and_groups(runs_db, tmp_path):
     assert rows[1]["completion"][0]["tool_calls"][0]["function"]["name"] == "submit_candidate"
     assert rows[2]["completion"][0]["content"] == "I think we are done."
     # a GRPO group is every row with the same prompt (text and roles): here each turn had its own
-    from tools.export import plain_messages
+    from tools.records.export import plain_messages
     assert rows[0]["group_id"] == hashlib.sha256(json.dumps(plain_messages(rows[0]["prompt"]),
                                                             sort_keys=True).encode()).hexdigest()[:16]
     assert len({r["group_id"] for r in rows}) == 3
@@ -598,7 +598,7 @@ def test_kernelbook_columns(runs_db, tmp_path):
 
 def test_kernelbook_starter_and_ptx(tmp_path):
     from agent.policies.offline import MARK
-    from tools.export import OFFLINE_MARK
+    from tools.records.export import OFFLINE_MARK
     assert OFFLINE_MARK == MARK
     db = tmp_path / "kb.db"
     store = open_db(db)
@@ -699,7 +699,7 @@ def test_card_and_length_stats(runs_db, tmp_path):
 
 def test_length_stats_values(runs_db):
     db, ids = runs_db
-    from tools.export import _build
+    from tools.records.export import _build
     builder = _build([db], options(format="trl", run_ids=(ids["openai"],)))
     row = builder.rows[0]
     record = row["record"]
@@ -714,7 +714,7 @@ def test_length_stats_values(runs_db):
 
 def test_tokenizer_counts_exactly_through_its_chat_template(runs_db, tmp_path):
     pytest.importorskip("transformers")
-    from tools.export import _build
+    from tools.records.export import _build
     db, ids = runs_db
     tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tok")
@@ -735,7 +735,7 @@ def test_tokenizer_counts_exactly_through_its_chat_template(runs_db, tmp_path):
 
 def test_openai_lines_over_the_example_limit_are_counted(runs_db, tmp_path, monkeypatch):
     db, _ = runs_db
-    monkeypatch.setattr("tools.export.OPENAI_MAX_TOKENS", 2000)
+    monkeypatch.setattr("tools.records.export.OPENAI_MAX_TOKENS", 2000)
     result = run_export(db, tmp_path / "o.jsonl", "--format", "openai", "--train-on", "all-correct")
     counts = [math.ceil(len(line) / 2.0) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     match = re.search(r"warning: (\d+) of 4 line\(s\) exceed OpenAI's 2,000-token example limit \(estimate",
@@ -818,7 +818,7 @@ def test_only_a_rejected_kernel_breaks_the_rules():
 
 def test_export_reads_beside_a_writer_without_waiting(runs_db, tmp_path, monkeypatch):
     db, _ = runs_db
-    monkeypatch.setattr("tools.store.LOCK_TIMEOUT_S", 0.1)  # a writer's open would fail at once: export must not
+    monkeypatch.setattr("tools.records.store.LOCK_TIMEOUT_S", 0.1)  # a writer's open would fail at once: export must not
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")  # a run still writing
     try:
@@ -985,7 +985,7 @@ def test_exclude_and_split_go_by_the_op(tmp_path):
     """An older release of a problem (sizes, constants, comments changed) excludes runs of the new one; the split
     keeps KernelBench's 23_Softmax and the built-in softmax on one side, whatever the fraction."""
     from test_decontaminate import SOFTMAX_V1, SOFTMAX_V2
-    from tools.export import _build
+    from tools.records.export import _build
     from tools.targets import path_of
     db = tmp_path / "ops.db"
     store = open_db(db)

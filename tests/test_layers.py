@@ -4,7 +4,11 @@
     sandbox/  the evaluator and its processes                  may import tools/
     tools/    leaf blocks                                      imports neither
 
-and inside agent/, nothing below the command line (graph, run, policies, ...) imports it (agent/cli.py, cmd_*.py):
+Inside tools/, the records (tools/records/: store, export, report, view, ...) are what a run leaves behind: agent/ reads
+and writes them, and nothing on the GPU side (sandbox/, the other tools/) imports them, so the evaluator never depends
+on how results are kept.
+
+And inside agent/, nothing below the command line (graph, run, policies, ...) imports it (agent/cli.py, cmd_*.py):
 other entry points call agent.run, not the CLI. The command modules are thin and side by side: only cli.py imports
 them, and none imports another. Imports inside functions count as much as those at the top.
 """
@@ -16,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ("agent", "sandbox", "tools")  # top to bottom: a module may import only its own layer and those below
 CLI = ("agent.cli", "agent.cmd_")
+RECORDS = "tools.records"
 
 
 def modules(package: str) -> list[Path]:
@@ -48,6 +53,8 @@ def wrong_way(path: Path) -> list[str]:
         top = module.split(".")[0]
         if top in LAYERS and top not in allowed:
             problems.append(f"{rel}:{line} imports {module}: {own}/ may import only {' and '.join(f'{x}/' for x in allowed)}")
+        elif module.startswith(RECORDS) and own != "agent" and not rel.startswith("tools/records/"):
+            problems.append(f"{rel}:{line} imports {module}: the records are agent/'s; the GPU side never imports them")
         elif own == "agent" and not is_cli and module.startswith(CLI):
             problems.append(f"{rel}:{line} imports {module}: below the command line, agent/ calls agent.run, "
                             "never the CLI modules")
@@ -68,10 +75,13 @@ def test_the_check_sees_function_level_and_relative_imports(tmp_path, monkeypatc
     (tmp_path / "agent").mkdir()
     leaf = tmp_path / "tools" / "leaf.py"
     leaf.write_text("import json\nfrom tools import result\n\ndef f():\n    from agent.policy import Message\n"
-                    "    import sandbox.evaluate\n")
-    assert [p.split(" imports ")[0] for p in wrong_way(leaf)] == ["tools/leaf.py:5", "tools/leaf.py:6"]
+                    "    import sandbox.evaluate\n    from tools.records import store\n")
+    assert [p.split(" imports ")[0] for p in wrong_way(leaf)] == ["tools/leaf.py:5", "tools/leaf.py:6", "tools/leaf.py:7"]
+    (tmp_path / "tools" / "records").mkdir()
+    (tmp_path / "tools" / "records" / "export.py").write_text("from tools.records.store import Store\nfrom tools import result\n")
+    assert wrong_way(tmp_path / "tools" / "records" / "export.py") == []
     graph = tmp_path / "agent" / "graph.py"
-    graph.write_text("from . import cmd_loop\nfrom .policy import Message\nfrom tools.store import Store\n")
+    graph.write_text("from . import cmd_loop\nfrom .policy import Message\nfrom tools.records.store import Store\n")
     assert wrong_way(graph) == ["agent/graph.py:1 imports agent.cmd_loop: below the command line, agent/ calls "
                                 "agent.run, never the CLI modules"]
     cli_module = tmp_path / "agent" / "cmd_x.py"

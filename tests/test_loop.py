@@ -13,7 +13,7 @@ import pytest
 from agent.graph import Loop, LoopSettings, run_loop
 from agent.policy import Message, Proposal
 from tools.result import EvalResult, Roofline, Timing, VsBest
-from tools.store import best_after, fastest_key, open_db
+from tools.records.store import best_after, fastest_key, open_db
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,7 +126,7 @@ def test_attempts_are_logged_in_order_with_their_messages(store):
 
 
 def test_best_after_names_the_best_the_loop_chose(store):
-    """The loop's rule replayed on the logged attempts (tools.store.best_after) agrees with runs.best_attempt_id at
+    """The loop's rule replayed on the logged attempts (tools.records.store.best_after) agrees with runs.best_attempt_id at
     every step: a faster median that only tied in the paired re-measurement does not take the lead. The fastest
     attempt (fastest_key) is another idea, and here another attempt."""
     run_id, _, _ = go(store, ScriptedPolicy(["wrong kernel 1", "kernel 2", "kernel tie 5", "kernel 3", "kernel 1"]),
@@ -377,7 +377,7 @@ def test_optimize_vector_add_end_to_end_on_cpu(cli, tmp_path):
 
 
 def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, monkeypatch):
-    monkeypatch.setattr("tools.store.LOCK_TIMEOUT_S", 0.1)
+    monkeypatch.setattr("tools.records.store.LOCK_TIMEOUT_S", 0.1)
     db = tmp_path / "kloop.db"
     unknown = cli("optimize", "no_such_op", "--db", db)
     assert unknown.exit_code == 2 and "unknown target 'no_such_op'" in unknown.stderr

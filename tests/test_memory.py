@@ -1,4 +1,4 @@
-"""Memory across runs (tools/memory.py, agent/learn.py, `kloop memory`): tuning memory written by one offline run and
+"""Memory across runs (tools/records/memory.py, agent/learn.py, `kloop memory`): tuning memory written by one offline run and
 seeding the next on a different shape; lessons written by a model policy through a loopback server, retrieved by
 FTS5 into the next run's prompt, judged and pruned; the memory commands."""
 from __future__ import annotations
@@ -17,9 +17,9 @@ from agent.policies.offline import read_marker
 from agent.policy import Message, RunDigest
 from fakes import anthropic_server as fa
 from fakes import openai_server as fo
-from tools.memory import CPU, clean_lesson, open_memory, size_bucket
+from tools.records.memory import CPU, clean_lesson, open_memory, size_bucket
 from tools.result import EvalResult, Timing
-from tools.store import open_db
+from tools.records.store import open_db
 from tools.target import load_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from agent.policies.offline import NO_STARTERS, Move, read_marker
 from agent.policy import AttemptView, PolicyError, ProposeContext
 import evaluated
 from tools.result import EvalResult, Resources
-from tools.store import source_hash
+from tools.records.store import source_hash
 from tools.target import load_target
 
 SEED = '''import torch

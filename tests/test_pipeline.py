@@ -20,7 +20,7 @@ from agent.graph import Loop, LoopSettings, run_loop
 from agent.policy import Message, Proposal
 from sandbox.pipeline import DeviceLost, Pipeline
 from tools.result import EvalResult, Roofline, Timing, VsBest
-from tools.store import open_db
+from tools.records.store import open_db
 
 REPO = Path(__file__).resolve().parents[1]
 

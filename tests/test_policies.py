@@ -19,9 +19,9 @@ from agent.policy import AttemptView, PolicyError, ProposeContext  # noqa: E402
 from fakes import anthropic_server as fa  # noqa: E402
 from fakes import openai_server as fo  # noqa: E402
 import evaluated  # noqa: E402
-from tools.export import model_turns  # noqa: E402
+from tools.records.export import model_turns  # noqa: E402
 from tools.result import Correctness  # noqa: E402
-from tools.store import attempt_columns, open_db  # noqa: E402
+from tools.records.store import attempt_columns, open_db  # noqa: E402
 
 TARGET = '''import torch
 import torch.nn as nn
@@ -75,7 +75,7 @@ ADD_BYTES = 48_600_000   # at the H200's 4800 GB/s, 10.125 us: 81% of speed-of-l
 def view(number: int, verdict="correct", source=TRITON, speedup=1.3, diagnosis="memory bound at 81% of peak",
          **result_fields) -> AttemptView:
     """An earlier attempt as the prompts see it: an evaluator result (tests/evaluated.py), stored as the graph
-    stores it (tools.store.attempt_columns) and read back as the graph reads it (prompting.attempt_view). Correct
+    stores it (tools.records.store.attempt_columns) and read back as the graph reads it (prompting.attempt_view). Correct
     ones ran 12.5 us at `speedup` over eager, with Nsight Compute counters."""
     timed = verdict == "correct"
     counters = evaluated.counters("add_kernel", dram_pct=88.0, sm_pct=20.0, achieved_occupancy_pct=91.0,
@@ -441,7 +441,7 @@ def test_replay_reproduces_the_logged_candidates_in_order(store):
 
 @pytest.mark.parametrize("provider", ["anthropic", "openai"])
 def test_the_live_policy_the_replay_policy_and_export_read_an_answer_alike(provider):
-    """One wire module per provider (tools/wire/): the candidate the live policy proposed is the one the replay
+    """One wire module per provider (tools/records/wire/): the candidate the live policy proposed is the one the replay
     policy and export read back from its logged messages, and its text and thinking reach the export whole."""
     if provider == "anthropic":
         server = fa.ScriptedServer([fa.message(fa.thinking("vectorize"), fa.text("One block per program."),

@@ -11,10 +11,10 @@ from agent import cmd_data
 from test_export import GPU, attempt_columns, kernel, make_offline_run, timing  # noqa: F401  (shared builders)
 import evaluated
 from agent.reverify import compare
-from tools.report import NO_TIMING_NOTE, NO_TIMING_SENTENCE, leaderboard, progress_figure, roofline_figure
+from tools.records.report import NO_TIMING_NOTE, NO_TIMING_SENTENCE, leaderboard, progress_figure, roofline_figure
 from tools.result import VsBest
-from tools.store import attempt_columns as store_columns
-from tools.store import open_db
+from tools.records.store import attempt_columns as store_columns
+from tools.records.store import open_db
 
 
 def cli() -> typer.Typer:

@@ -7,7 +7,7 @@ import pytest
 import evaluated
 from agent.policy import Message
 from tools.result import EvalResult
-from tools.store import (ATTEMPT_COLUMNS, FASTEST_ORDER, SCHEMA_VERSION, StoreError, attempt_columns, fastest_key,
+from tools.records.store import (ATTEMPT_COLUMNS, FASTEST_ORDER, SCHEMA_VERSION, StoreError, attempt_columns, fastest_key,
                          open_db, source_hash)
 
 

@@ -15,7 +15,7 @@ from agent.strategies import (STRATEGIES, Archive, cell_of, choose, descriptors,
                               weights)
 from agent.strategies.evolve import build_islands, island_of
 from tools.result import EvalResult, Resources, Roofline, Timing
-from tools.store import open_db
+from tools.records.store import open_db
 
 
 # -- a constructed archive ---------------------------------------------------------------------------------------

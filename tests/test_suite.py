@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from agent.cli import app
 from agent.suite import Problem, SuiteError, SuitePlan, discover
-from tools.store import StoreError, open_db
-from tools.suite_report import NO_TIMING, collect, compare, summarize, write_suite_report
+from tools.records.store import StoreError, open_db
+from tools.records.suite_report import NO_TIMING, collect, compare, summarize, write_suite_report
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "tests" / "suite_problems"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import evaluated
 from agent.cli import app
 from test_export import GPU, kernel
-from tools.store import attempt_columns, open_db
+from tools.records.store import attempt_columns, open_db
 
 HOSTILE = '<script>alert(1)</script><img src="https://example.com/x.png">'
 

@@ -19,7 +19,7 @@ import httpx2
 from agent import prompting
 from agent.inspect_tools import SUBMIT, TOOLS
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext, RunDigest
-from tools.wire import anthropic as wire
+from tools.records.wire import anthropic as wire
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ generates for the target's reference, made standalone (agent/kernels/inductor.py
 process and pinned in the run's settings as `inductor_starter`, so a resumed run searches the same starter).
 
 Order of moves, deterministic given the run (but for PTX moves passed over while their compile runs, below): (0)
-tunables remembered from a similar target (tools/memory.py), first with their row tiles (Inductor's R0_BLOCK, the
+tunables remembered from a similar target (tools/records/memory.py), first with their row tiles (Inductor's R0_BLOCK, the
 catalog's BLOCK_COLS) scaled from the row length they were tuned at to this target's, then as remembered; (1) every
 starter for the target (branch b starts at the b-th); (2) around the search strategy's parent (agent/strategies;
 under refine that is the best attempt so far), then the best, then the next best, then any earlier attempt (other
@@ -38,7 +38,7 @@ from agent.diagnose import diagnose
 from agent.kernels.constants import constants, replace_constants
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
 from tools.rules import detect_language
-from tools.store import Store, fastest_key, source_hash
+from tools.records.store import Store, fastest_key, source_hash
 
 MARK = "# kloop-offline: "
 FIXED_SIZE_ATTEMPTS = 3   # Inductor attempts failing only at hidden variants before the policy stops searching
@@ -82,7 +82,7 @@ class OfflinePolicy:
     def __init__(self, target=None, seed_kernel: str | Path | None = None, store: Store | None = None,
                  remembered: list[dict] | None = None, inductor_starter: dict | None = None):
         """target: a tools.target.Target; store (optional) lets parallel branches see each other's sources;
-        remembered: tuning memory (tools.memory.Memory.seeds): {template, values, ...} tried before the starters;
+        remembered: tuning memory (tools.records.memory.Memory.seeds): {template, values, ...} tried before the starters;
         inductor_starter: an Inductor starter generated before (agent.kernels.inductor.Generated.to_dict()), used
         instead of generating one. `pinned`: the settings to store with the run so a resume searches the same."""
         self.pinned: dict = {}

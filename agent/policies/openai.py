@@ -18,7 +18,7 @@ import openai
 from agent import prompting
 from agent.inspect_tools import SUBMIT, TOOLS, openai_tools
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext, RunDigest
-from tools.wire import openai as wire
+from tools.records.wire import openai as wire
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from collections import defaultdict, deque
 
 from agent import prompting
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
-from tools import wire
-from tools.store import StoreError
+from tools.records import wire
+from tools.records.store import StoreError
 
 
 class ReplayPolicy:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tools.wire import Reply, ToolCall, content_text
+from tools.records.wire import Reply, ToolCall, content_text
 
 
 def parse_arguments(arguments: Any) -> tuple[Any, bool]:

@@ -1,8 +1,8 @@
-"""Each model provider's wire format, read in one module per provider: tools/wire/anthropic.py (the Messages API)
-and tools/wire/openai.py (chat completions). The live policies read their answers here, the replay policy reads
+"""Each model provider's wire format, read in one module per provider: tools/records/wire/anthropic.py (the Messages API)
+and tools/records/wire/openai.py (chat completions). The live policies read their answers here, the replay policy reads
 logged answers here, and export reads logged requests and answers here.
 
-    from tools.wire import anthropic, openai, read_response
+    from tools.records.wire import anthropic, openai, read_response
     reply = anthropic.read_response(body)        # body: a response as logged (messages.content, role 'response')
     reply.text, reply.thinking, reply.calls, reply.submissions, reply.stop
     reply.as_message()                           # the same answer in the conversation shape below (export)
@@ -89,8 +89,8 @@ def provider_of(row: dict) -> str:
 
 
 def module(provider: str):
-    """tools.wire.anthropic or tools.wire.openai; a KeyError for any other name."""
-    from tools.wire import anthropic, openai
+    """tools.records.wire.anthropic or tools.records.wire.openai; a KeyError for any other name."""
+    from tools.records.wire import anthropic, openai
 
     return {"anthropic": anthropic, "openai": openai}[provider]
 

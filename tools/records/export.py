@@ -18,7 +18,7 @@ Formats (`ExportOptions.format`):
 Every row carries provenance (kloop version, target sha256, where it executed, GPU/driver/CUDA/torch/triton, timing
 flags, run and attempt ids, policy/model, the user's license); a dataset card (README.md with a YAML header) is
 written next to the export. `exclude` drops every run whose target computes the same op as an evaluation problem
-(tools/decontaminate.py); `split_by="target"` writes train and test files that share no op. Token counts are exact
+(tools/records/decontaminate.py); `split_by="target"` writes train and test files that share no op. Token counts are exact
 with `tokenizer`, else an estimate that errs long (CHARS_PER_TOKEN).
 
 Layering: tools/ never imports agent/. Offline-policy runs log no model requests, so their conversations are
@@ -46,10 +46,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from tools import wire
-from tools.decontaminate import DecontaminationError, load_problems, match, problem
-from tools.store import Store, StoreError, fastest_key, open_db
-from tools.wire import SUBMIT
+from tools.records import wire
+from tools.records.decontaminate import DecontaminationError, load_problems, match, problem
+from tools.records.store import Store, StoreError, fastest_key, open_db
+from tools.records.wire import SUBMIT
 
 FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
 SPLITS = ("train", "test")
@@ -270,7 +270,7 @@ def _median_us(attempt: dict) -> float | None:
 
 
 # -- conversations ---------------------------------------------------------------------------------------------------
-# Logged requests and responses are read by each provider's wire module (tools/wire/), into its conversation shape
+# Logged requests and responses are read by each provider's wire module (tools/records/wire/), into its conversation shape
 # (TRL's, plus ids): {"role", "content": str, "tool_calls": [{"id", "type": "function", "function": {"name",
 # "arguments": dict}}], "name"/"tool_call_id" on tool answers, "reasoning_content" if any}.
 
@@ -1260,7 +1260,7 @@ def _exclusions(options: ExportOptions, summary: ExportSummary) -> str:
     if not options.exclude:
         return "- no --exclude given"
     head = (f"Runs whose target computes the same op as a problem in {', '.join(options.exclude)} are left out "
-            "(tools/decontaminate.py: the same traced aten op graph with sizes and numbers abstracted, the same "
+            "(tools/records/decontaminate.py: the same traced aten op graph with sizes and numbers abstracted, the same "
             "normalized source, or a near-duplicate source where the op cannot be traced): "
             f"{summary.excluded} run(s).")
     return "\n".join([head, ""] + [f"- {e['target']} (run {e['run_id']}): {e['problem']}, {e['why']}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 from tools.result import EvalResult
-from tools.store import fastest_key
+from tools.records.store import fastest_key
 
 MEMORY_BOUND = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")
 MATMUL = ("matmul_bf16", "matmul_bias_relu")
@@ -69,7 +69,7 @@ def kind_of(target_name: str) -> str:
 
 
 def fastest_by_language(attempts: list[dict]) -> dict[str, dict | None]:
-    """The fastest correct Triton and PTX attempts of a run (tools.store.fastest_key), or None: the table's
+    """The fastest correct Triton and PTX attempts of a run (tools.records.store.fastest_key), or None: the table's
     best_triton / best_ptx columns, which need not hold the run's best."""
     fastest = {}
     for language in ("triton", "ptx"):

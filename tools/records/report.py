@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tools.store import StoreError, best_so_far, fastest_key, open_db
+from tools.records.store import StoreError, best_so_far, fastest_key, open_db
 
 NO_TIMING_NOTE = "no timing: this run had no CUDA GPU (Triton interpreter on CPU)"
 NO_TIMING_SENTENCE = ("No attempt of this run was timed (it ran without a CUDA GPU, under the Triton interpreter), "
@@ -59,7 +59,7 @@ def is_timed(attempts: list[dict]) -> bool:
 def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_name: str | None = None,
                     target_sol: float | None = None):
     """Per attempt: speedup over eager, over torch.compile, and the fraction of speed of light, each with the line of
-    the run's best so far (as the loop chose it: tools.store.best_so_far); one series per branch; failed attempts as crosses along the bottom (they have no speedup). Without any
+    the run's best so far (as the loop chose it: tools.records.store.best_so_far); one series per branch; failed attempts as crosses along the bottom (they have no speedup). Without any
     timing (CPU interpreter run), the verdict of each attempt instead, and a title that says there is no timing."""
     from matplotlib.figure import Figure  # Figure without pyplot: Agg canvas, no global state, no display
     from matplotlib.ticker import MaxNLocator, PercentFormatter
@@ -336,7 +336,7 @@ def write_report(run_id: str, db_path: str | os.PathLike, out_dir: str | os.Path
 # -- leaderboard -----------------------------------------------------------------------------------------------------
 
 def leaderboard(db_paths: list[str | os.PathLike]) -> list[dict]:
-    """Per target across databases, the fastest of the runs' best kernels (tools.store.fastest_key: untimed ones
+    """Per target across databases, the fastest of the runs' best kernels (tools.records.store.fastest_key: untimed ones
     last; of equals, the first met: the newest run of the first database)."""
     best_by_target: dict[str, dict] = {}
     for db_path in db_paths:

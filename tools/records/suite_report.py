@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from tools.report import markdown_table
+from tools.records.report import markdown_table
 
 P_VALUES = (0.0, 1.0, 1.2, 2.0)
 BASELINES = ("eager", "compile")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 
-from tools.wire import Reply, ToolCall, content_text
+from tools.records.wire import Reply, ToolCall, content_text
 
 
 def read_blocks(blocks: list[dict], stop: str | None = None) -> Reply:

@@ -1,7 +1,7 @@
 """One attempt in words and two attempts' diff (`kloop show --attempt`, `kloop diff`), and the run viewer: one
 self-contained HTML file per run or suite (`kloop view`), readable offline.
 
-The page is a Jinja2 template (tools/templates/), the plots are tools.report's matplotlib figures inlined as PNG,
+The page is a Jinja2 template (tools/records/templates/), the plots are tools.records.report's matplotlib figures inlined as PNG,
 sources are highlighted by Pygments and diffed by difflib; nothing is loaded from the network when it is read.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from markupsafe import Markup
 
-from tools.suite_report import MARK as OFFLINE_MARK   # the offline policy's first line
+from tools.records.suite_report import MARK as OFFLINE_MARK   # the offline policy's first line
 
 
 def attempt_facts(a: dict, parent: dict | None) -> list[tuple[str, str]]:
@@ -106,7 +106,7 @@ def run_view(store, run_id: str, anchor: str = "", plots: bool = True) -> dict:
     """Everything the page shows of one run: its facts, plots, attempts (table rows) and each attempt whole."""
     from pygments.lexers import DiffLexer, PythonLexer
 
-    from tools.report import progress_figure, roofline_figure
+    from tools.records.report import progress_figure, roofline_figure
 
     run = store.get_run(run_id)
     attempts = store.attempts(run_id)
@@ -182,7 +182,7 @@ def render(context: dict) -> str:
 
 def write_run_view(db_path, run_id: str, out) -> Path:
     """One run's page (plots, attempts, sources, diffs) as one HTML file at `out`."""
-    from tools.store import StoreError, open_db
+    from tools.records.store import StoreError, open_db
 
     try:
         store = open_db(db_path, create=False, readonly=True)
@@ -195,8 +195,8 @@ def write_run_view(db_path, run_id: str, out) -> Path:
 def write_suite_view(db_path, rows: list[dict], out, title: str) -> Path:
     """A suite's page: its problems table, each row linked to its run's section (attempts, sources, diffs and the
     run's progress plot) further down the same file. rows: the suite's problem rows (agent.suite's table)."""
-    from tools.store import StoreError, open_db
-    from tools.suite_report import collect
+    from tools.records.store import StoreError, open_db
+    from tools.records.suite_report import collect
 
     try:
         store = open_db(db_path, create=False, readonly=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from tools.messages import Message
+from tools.records.messages import Message
 from tools.result import EvalResult
 
 SCHEMA_VERSION = 1
