@@ -43,8 +43,8 @@ from sandbox.process import is_cuda_failure
 from tools.inputs import DEVICE, OWN, make_inputs
 from tools.numerics import pin_numeric_flags
 from tools.target import module_from_source
+from tools.timing import flush_buffer, timed_call
 
-LAUNCH_COVER_CYCLES = 1_000_000  # about 0.5 ms at Hopper's ~2 GHz SM clock: hides the host's launch path
 POISON = 0xFF                    # NaN bits in every float format (the evaluator alternates it with 0x00 by trial)
 
 _NUMPY = {"i1": "int8", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "u1": "uint8", "u8": "uint8",
@@ -161,8 +161,7 @@ class Executor:
         self.cuda = DEVICE.type == "cuda"
         if self.cuda:
             self.stream = torch.cuda.Stream()
-            l2 = torch.cuda.get_device_properties(DEVICE).L2_cache_size
-            self.flush = torch.empty(2 * l2, dtype=torch.uint8, device=DEVICE)
+            self.flush = flush_buffer(DEVICE)
             import triton
 
             triton.set_allocator(_no_scratch)  # global scratch comes from the plan's allocations only (_steps)
@@ -270,19 +269,8 @@ class Executor:
             self._steps(loaded, inputs)
             return {"status": "ok", "wall_ms": (time.perf_counter() - began) * 1e3, **_overrun(guarded, byte)}
         with torch.cuda.stream(self.stream):
-            if timed:
-                _reset_persisting_l2()
-                self.flush.zero_()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            began = time.perf_counter()
-            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
-            start.record()
-            self._steps(loaded, inputs)
-            end.record()
-            torch.cuda.synchronize()
-            wall_ms = (time.perf_counter() - began) * 1e3
-        return {"status": "ok", "ms": start.elapsed_time(end), "wall_ms": wall_ms, **_overrun(guarded, byte)}
+            _, ms, wall_ms = timed_call(lambda: self._steps(loaded, inputs), self.flush if timed else None)
+        return {"status": "ok", "ms": ms, "wall_ms": wall_ms, **_overrun(guarded, byte)}
 
     def share(self, key: str, dir: str | None = None) -> dict:
         loaded = self.loaded[key]
@@ -727,23 +715,6 @@ def _constexpr(value):
 
         return tl.dtype(value[3:])
     return value
-
-
-def _reset_persisting_l2() -> None:
-    """Evict lines a kernel marked persisting (cudaCtxResetPersistingL2Cache): the L2 flush cannot."""
-    import ctypes
-
-    global _cuda_driver
-    if _cuda_driver is None:
-        try:
-            _cuda_driver = ctypes.CDLL("libcuda.so.1")
-        except OSError:
-            _cuda_driver = False
-    if _cuda_driver:
-        _cuda_driver.cuCtxResetPersistingL2Cache()
-
-
-_cuda_driver = None
 
 
 def _is_interpreter_compile_failure(e: BaseException) -> bool:

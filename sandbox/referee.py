@@ -31,8 +31,8 @@ from tools import verify, weights
 from tools.inputs import DEVICE, OWN, make_inputs
 from tools.numerics import pin_numeric_flags
 from tools.target import module_from_source, output_list
+from tools.timing import flush_buffer, timed_call
 
-LAUNCH_COVER_CYCLES = 1_000_000
 # Reference outputs above this fraction of the GPU's memory are dropped while torch.compile's baseline makes its own
 # (and computed again for the check): at KernelBench's full sizes a third set may not fit beside the executor's.
 LARGE_FRACTION = 1 / 16
@@ -54,8 +54,7 @@ class Referee:
         self.module_names = itertools.count()   # each reference module a name of its own (it goes in sys.modules)
         self.cuda = DEVICE.type == "cuda"
         if self.cuda:
-            self.flush = torch.empty(2 * torch.cuda.get_device_properties(DEVICE).L2_cache_size, dtype=torch.uint8,
-                                     device=DEVICE)
+            self.flush = flush_buffer(DEVICE)
 
     def shape(self, shape: str, target_source: str, overrides: dict, init_seed: int, perturb: int | None = None,
               matched: list | None = None) -> dict:
@@ -393,21 +392,12 @@ class Referee:
                 began = time.perf_counter()
                 out = fn(*inputs)
                 return {"status": "ok", "wall_ms": (time.perf_counter() - began) * 1e3}
-            self.flush.zero_()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            began = time.perf_counter()
-            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
-            start.record()
-            out = fn(*inputs)
-            end.record()
-            torch.cuda.synchronize()
-            wall_ms = (time.perf_counter() - began) * 1e3
+            out, ms, wall_ms = timed_call(lambda: fn(*inputs), self.flush)
         held = self.held[shape]
         if name == "eager" and not held[2]:
             held[2].extend(output_list(out))  # eager's output is this round's reference: no second computation
         del out
-        return {"status": "ok", "ms": start.elapsed_time(end), "wall_ms": wall_ms}
+        return {"status": "ok", "ms": ms, "wall_ms": wall_ms}
 
     def _compiled(self, shape: str, mode: str):
         if (shape, mode) not in self.compiled:

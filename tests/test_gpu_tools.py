@@ -14,6 +14,7 @@ from test_assemble import SHARED_PTX, VEC_ADD_PTX, many_live_values_ptx
 from tools.assemble import device_limits, theoretical_occupancy
 from tools.launch import PtxKernel, _load_function
 from tools.profile import find_ncu, gpu_info, nvml_snapshot, run_ncu, throttle_reasons, time_interleaved
+from tools.timing import flush_buffer, timed_call
 
 pytestmark = pytest.mark.gpu
 
@@ -118,6 +119,18 @@ def test_time_interleaved_gives_sane_medians():
     # 256 MiB read and 256 MiB written take over 100 us on any current GPU; 256 KiB is mostly launch overhead.
     assert results["large"]["median"] > 100
     assert results["large"]["median"] > 3 * results["small"]["median"]
+
+
+def test_timed_call_starts_cold_only_with_a_flush():
+    # a quarter of the L2 read again: from the L2 when nothing flushed it, from memory after each flush
+    x = torch.ones(torch.cuda.get_device_properties(0).L2_cache_size // 16, device="cuda")
+    flush = flush_buffer(0)
+    assert flush.numel() == 2 * torch.cuda.get_device_properties(0).L2_cache_size
+    out, _, _ = timed_call(x.sum, flush)
+    assert out.item() == x.numel()
+    cold = sorted(timed_call(x.sum, flush)[1] for _ in range(21))
+    warm = sorted(timed_call(x.sum, None)[1] for _ in range(21))
+    assert cold[10] > warm[10] > 0
 
 
 def test_gpu_info_fields():

@@ -1,13 +1,16 @@
-"""Measuring without a GPU: statistics, roofline, NVML decoding, ncu CSV and command, byte/FLOP counts."""
+"""Measuring without a GPU: statistics, roofline, NVML decoding, ncu CSV and command, byte/FLOP counts, the timed
+call's steps."""
 import dataclasses
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from tools import profile
+from tools import profile, timing
 from tools.profile import (NcuError, count_bytes_and_flops, decode_clock_event_reasons, gpu_info, ncu_command,
                            nvml_snapshot, parse_ncu_csv, peak_tflops_for, roofline, run_ncu, summarize,
                            throttle_reasons)
@@ -275,3 +278,60 @@ def test_count_flops_runs_the_forward_on_fake_tensors_where_shapes_allow():
 def test_no_gpu_answers_none():
     assert gpu_info() is None
     assert nvml_snapshot() is None
+
+
+class _FakeCuda:
+    """Stands in for torch.cuda's calls that timed_call makes, writing down each step."""
+
+    def __init__(self, monkeypatch, elapsed_ms: float) -> None:
+        self.steps = []
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing: bool) -> None:
+                assert enable_timing
+
+            def record(self) -> None:
+                fake.steps.append("record")
+
+            def elapsed_time(self, end) -> float:
+                return elapsed_ms
+
+        class Flush:
+            def numel(self) -> int:
+                return 1
+
+            def zero_(self) -> None:
+                fake.steps.append("flush")
+
+        self.flush = Flush()
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: self.steps.append("synchronize"))
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: self.steps.append(f"spin {cycles}"))
+        monkeypatch.setattr(timing, "reset_persisting_l2", lambda: self.steps.append("reset persisting L2"))
+
+
+def test_timed_call_resets_flushes_spins_then_times_between_events(monkeypatch):
+    cuda = _FakeCuda(monkeypatch, elapsed_ms=0.25)
+    out, ms, wall_ms = timing.timed_call(lambda: cuda.steps.append("call") or "output", cuda.flush)
+    assert (out, ms) == ("output", 0.25) and wall_ms >= 0
+    assert cuda.steps == ["reset persisting L2", "flush", "synchronize", "spin 1000000", "record", "call", "record",
+                          "synchronize"]
+
+
+def test_timed_call_without_a_flush_keeps_the_l2_as_it_is(monkeypatch):
+    # the executor's untimed replays: timed for the pruning rule, behind whatever the L2 holds
+    cuda = _FakeCuda(monkeypatch, elapsed_ms=1.5)
+    assert timing.timed_call(lambda: cuda.steps.append("call"), None)[1] == 1.5
+    assert cuda.steps == ["synchronize", "spin 1000000", "record", "call", "record", "synchronize"]
+
+
+def test_only_tools_timing_times_a_gpu_call():
+    # the candidate and its baselines are timed by the same code: nothing else in the product spins, makes timing
+    # events, or resets the persisting L2
+    repo = Path(__file__).resolve().parents[1]
+    timing_steps = re.compile(r"_sleep\(|Event\(enable_timing|ResetPersistingL2|LAUNCH_COVER_CYCLES =")
+    found = [f"{path.relative_to(repo)}:{number}" for package in ("agent", "sandbox", "tools")
+             for path in sorted((repo / package).rglob("*.py")) if path != repo / "tools" / "timing.py"
+             for number, line in enumerate(path.read_text().splitlines(), 1) if timing_steps.search(line)]
+    assert not found, "timed outside tools/timing.py: " + ", ".join(found)

@@ -20,6 +20,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+from tools.timing import flush_buffer, timed_call
+
 # Dense (no sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets; fp32 is the non-tensor FMA peak.
 # More specific names first: "H100 PCIe" must match before "H100".
 PEAK_TFLOPS = (
@@ -237,20 +239,15 @@ def summarize(samples_ms: list[float]) -> dict:
             "mean": mean, "cv": stdev / mean if mean else 0.0}
 
 
-LAUNCH_COVER_CYCLES = 1_000_000  # about 0.5 ms at Hopper's ~2 GHz SM clock
-
-
 def time_interleaved(fns: dict[str, Callable[[], object]], calls: int = 30, warmup: int = 5,
                      flush_bytes: int | None = None, before_round: Callable[[int], None] | None = None,
                      after_call: Callable[[str, int, object], None] | None = None) -> dict[str, dict]:
     """Time several callables round-robin on the current CUDA device, so clock drift hits them alike.
 
-    Each timed call starts with a cold L2 (a buffer of 2x the L2 size is written first, then waited for), runs behind a
-    short GPU spin that hides the host's launch path, is bracketed by CUDA events on the current stream and waited for
-    device-wide: the event time is the GPU time of the callable's kernels, as Nsight Compute would measure it.
-    The host wall clock around each call is summed too: events_total_ms must not exceed wall_total_ms; much smaller
-    events than wall time means work ran outside the current stream. `before_round(i)` runs before round i and
-    `after_call(name, i, output)` after each timed call, both outside the events.
+    Each call is one `tools.timing.timed_call` (cold L2 unless `flush_bytes` is 0, launch path covered, CUDA events
+    on the current stream); the host wall clock around each call is summed too: events_total_ms must not exceed
+    wall_total_ms. `before_round(i)` runs before round i and `after_call(name, i, output)` after each timed call,
+    both outside the events.
     """
     import torch
 
@@ -258,9 +255,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], calls: int = 30, warm
         raise ValueError("time_interleaved needs at least one callable")
     if calls < 1 or warmup < 0:
         raise ValueError(f"calls must be >= 1 and warmup >= 0, got calls={calls}, warmup={warmup}")
-    if flush_bytes is None:
-        flush_bytes = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    flush = torch.empty(max(flush_bytes, 0), dtype=torch.uint8, device="cuda")
+    flush = flush_buffer(torch.cuda.current_device(), flush_bytes)
 
     names = list(fns)
     for _ in range(warmup):
@@ -268,37 +263,23 @@ def time_interleaved(fns: dict[str, Callable[[], object]], calls: int = 30, warm
             fns[name]()
     torch.cuda.synchronize()
 
-    events: dict[str, list] = {name: [] for name in names}
-    wall_s = dict.fromkeys(names, 0.0)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    wall_ms = dict.fromkeys(names, 0.0)
     for round_index in range(calls):
         if before_round is not None:  # e.g. fresh input data, outside the timed region
             before_round(round_index)
         # Rotate the order each round so no callable always runs right after the same neighbour.
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            if flush.numel():
-                flush.zero_()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            began = time.perf_counter()
-            # Keep the GPU busy while the host runs the launch path (Triton's and CuPy's take tens of us), so the
-            # events time the kernels, not Python; a launch slower than the spin still shows up in full.
-            torch.cuda._sleep(LAUNCH_COVER_CYCLES)
-            start.record()
-            out = fns[name]()
-            end.record()
-            torch.cuda.synchronize()
-            wall_s[name] += time.perf_counter() - began
-            events[name].append((start, end))
+            out, ms, wall = timed_call(fns[name], flush)
+            samples[name].append(ms)
+            wall_ms[name] += wall
             if after_call is not None:  # e.g. keep an output to verify later, outside the timed region
                 after_call(name, round_index, out)
             del out
 
-    results = {}
-    for name in names:
-        samples = [start.elapsed_time(end) for start, end in events[name]]
-        results[name] = summarize(samples) | {"events_total_ms": sum(samples), "wall_total_ms": wall_s[name] * 1000}
-    return results
+    return {name: summarize(samples[name]) | {"events_total_ms": sum(samples[name]), "wall_total_ms": wall_ms[name]}
+            for name in names}
 
 
 def _tensors_in(value) -> list:
