@@ -10,6 +10,7 @@ import statistics
 
 from tools.result import EvalResult
 from tools.records.store import fastest_key
+from tools.records.suite_report import geomean
 
 MEMORY_BOUND = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")
 MATMUL = ("matmul_bf16", "matmul_bias_relu")
@@ -148,12 +149,6 @@ def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, 
         "best_triton": per_language["triton"], "best_ptx": per_language["ptx"],
         "flags": final.flags,
     }
-
-
-def geomean(values: list[float | None]) -> float | None:
-    """Geometric mean of the known values; None when there are none."""
-    known = [v for v in values if v]
-    return statistics.geometric_mean(known) if known else None
 
 
 def goals(rows: list[dict], minutes_per_target: float, timing_is_real: bool) -> list[dict]:

@@ -113,7 +113,9 @@ def _template(head: str | None) -> str | None:
         return None
 
 
-def geomean(values: list[float]) -> float | None:
+def geomean(values: list[float | None]) -> float | None:
+    """Geometric mean of the speedups known (None and 0, no speedup, left out); None when there are none. The one
+    geomean of kloop's reports (suite, bench)."""
     values = [v for v in values if v is not None and v > 0]
     return statistics.geometric_mean(values) if values else None
 
