@@ -475,6 +475,21 @@ def test_openai_weights_schema_sidecar_and_warning(runs_db, tmp_path):
     assert [m.get("weight") for m in anthropic["messages"] if m["role"] == "assistant"] == [0, 1]  # inspection: 0
 
 
+def test_exported_tolerances_are_the_evaluators_own(monkeypatch):
+    import torch
+
+    from tools import verify
+    from tools.records import export
+
+    assert export._tolerances({})["atol_rtol"] == {"float64": [1e-7, 1e-7], "float32": [1e-4, 1e-4],
+                                                   "float16": [1e-2, 1e-2], "bfloat16": [2e-2, 2e-2],
+                                                   "integer/bool": [0.0, 0.0]}
+    outputs = {"outputs": [{"dtype": "int64"}, {"dtype": "bfloat16"}]}
+    assert export._tolerances(outputs)["atol_rtol"] == {"bfloat16": [2e-2, 2e-2], "int64": [0.0, 0.0]}
+    monkeypatch.setitem(verify.TOLERANCES, torch.bfloat16, (3e-2, 3e-2))   # what is judged is what is exported
+    assert export._tolerances(outputs)["atol_rtol"]["bfloat16"] == [3e-2, 3e-2]
+
+
 def test_rl_rows_rewards_and_groups(runs_db, tmp_path):
     db, ids = runs_db
     out = tmp_path / "rl.jsonl"

@@ -65,9 +65,6 @@ CHARS_PER_TOKEN = 2.0
 OPENAI_MAX_TOKENS = 65_536   # OpenAI's limit per fine-tuning example
 SHOWN_EXCLUSIONS = 10        # excluded runs printed (the card lists every one)
 OPENAI_MIN_EXAMPLES = 10
-# The evaluator's tolerances (tools/verify.py TOLERANCES), by dtype: |out - ref| <= atol + rtol * |ref|.
-TOLERANCES = {"float64": [1e-7, 1e-7], "float32": [1e-4, 1e-4], "float16": [1e-2, 1e-2], "bfloat16": [2e-2, 2e-2],
-              "integer/bool": [0.0, 0.0]}
 REWARD_FORMULA = ("reward = 0 if no kernel ran to a result (format_error, rejected, compile_error); "
                   "0.1 if it ran but failed (incorrect, runtime_error, timeout); "
                   "1 + 0.5 * clip(log2(speedup_eager), -1, 3) if correct (1.0 when untimed, e.g. CPU interpreter), "
@@ -494,8 +491,14 @@ def _jsonable(value: Any) -> bool:
 
 
 def _tolerances(facts: dict) -> dict:
+    """The evaluator's own tolerances (tools/verify.py), by dtype name, for the target's outputs: an export states
+    what was judged. Outputs that are not floating point must match exactly (verify.compare)."""
+    from tools.verify import TOLERANCES
+
+    judged = {str(dtype).removeprefix("torch."): list(pair) for dtype, pair in TOLERANCES.items()}
+    judged["integer/bool"] = [0.0, 0.0]
     dtypes = {o["dtype"] for o in facts.get("outputs") or []}
-    table = {d: TOLERANCES.get(d, TOLERANCES["integer/bool"]) for d in sorted(dtypes)} or dict(TOLERANCES)
+    table = {d: judged.get(d, judged["integer/bool"]) for d in sorted(dtypes)} or judged
     return {"rule": "|out - ref| <= atol + rtol * |ref|; NaN/inf at the same positions", "atol_rtol": table}
 
 
