@@ -114,19 +114,18 @@ def after_run(store, run_id: str, policy, settings: dict, target=None) -> list[s
 def remember_tunings(memory, store, run: dict, attempts: list[dict], features: dict) -> list[str]:
     """Per offline template, the tunables of its fastest verified attempt (tools.records.store.fastest_key: untimed, the
     first verified)."""
-    from agent.policies.offline import read_marker
-    from tools.records.store import fastest_key
+    from tools.records.store import fastest_key, offline_marker
 
     fastest: dict[str, dict] = {}
     for a in attempts:
-        marker = read_marker(a["source"] or "")
+        marker = offline_marker(a["source"])
         if a["verdict"] != "correct" or not marker or marker.get("ptx_edit") or not marker.get("template"):
             continue
         if marker["template"] not in fastest or fastest_key(a) < fastest_key(fastest[marker["template"]]):
             fastest[marker["template"]] = a
     lines = []
     for template, a in fastest.items():
-        values = read_marker(a["source"])["values"]
+        values = offline_marker(a["source"])["values"]
         executed_on = (a.get("result") or {}).get("executed_on")
         gpu = features["gpu"] if executed_on == "cuda" else CPU
         kept = memory.remember_tuning(template, features["bucket"], features["size_log2"], features["dtypes"], gpu,

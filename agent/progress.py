@@ -104,9 +104,9 @@ def clock_words(seconds: float) -> str:
 def attempt_label(source: str) -> str:
     """What distinguishes an attempt, in a few words: the offline policy's template and values (its first line), else
     the names of the kernels the source defines."""
-    from agent.policies.offline import read_marker
+    from tools.records.store import offline_marker
 
-    marker = read_marker(source)
+    marker = offline_marker(source)
     if marker:
         values = ", ".join(f"{k}={v}" for k, v in (marker.get("values") or {}).items())
         edit = f" ptx_edit={marker['ptx_edit']}" if marker.get("ptx_edit") else ""

@@ -612,8 +612,8 @@ def test_kernelbook_columns(runs_db, tmp_path):
 
 
 def test_kernelbook_starter_and_ptx(tmp_path):
-    from agent.policies.offline import MARK
     from tools.records.export import OFFLINE_MARK
+    from tools.records.store import OFFLINE_MARK as MARK
     assert OFFLINE_MARK == MARK
     db = tmp_path / "kb.db"
     store = open_db(db)

@@ -12,7 +12,7 @@ import torch
 from agent.kernels import inductor
 from agent.kernels.inductor import NoStarter, build_candidate, launcher, parse_kernel
 from agent.policies import make_policy
-from agent.policies.offline import read_marker
+from tools.records.store import offline_marker as read_marker
 from agent.policy import AttemptView, ProposeContext
 from tools.result import EvalResult
 from tools.target import load_target

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from agent import learn
 from agent.cli import app
 from agent.graph import Loop, LoopSettings, run_loop
-from agent.policies.offline import read_marker
+from tools.records.store import offline_marker as read_marker
 from agent.policy import Message, RunDigest
 from fakes import anthropic_server as fa
 from fakes import openai_server as fo

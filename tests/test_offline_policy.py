@@ -3,10 +3,11 @@ import dataclasses
 import pytest
 
 from agent.policies import make_policy
-from agent.policies.offline import NO_STARTERS, Move, read_marker
+from agent.policies.offline import NO_STARTERS, Move
 from agent.policy import AttemptView, PolicyError, ProposeContext
 import evaluated
 from tools.result import EvalResult, Resources
+from tools.records.store import offline_marker as read_marker
 from tools.records.store import source_hash
 from tools.target import load_target
 

@@ -290,3 +290,13 @@ def test_two_connections_writing_one_database_wait_for_each_other(tmp_path):
         a.update_run(run_id, notes="a")
     thread.join(20)
     assert b_done.is_set() and a.get_run(run_id)["notes"] == "b"   # then its write went through
+
+
+def test_the_offline_marker_is_read_from_the_first_line_only_and_only_as_an_object():
+    from tools.records.store import OFFLINE_MARK, offline_marker
+
+    marked = OFFLINE_MARK + '{"template": "softmax/triton_row", "values": {"BLOCK": 1024}}\nx = 1\n'
+    assert offline_marker(marked) == {"template": "softmax/triton_row", "values": {"BLOCK": 1024}}
+    # a model may write the same words: anything but a JSON object after them is no marker
+    assert [offline_marker(s) for s in (OFFLINE_MARK + "[1, 2]\n", OFFLINE_MARK + "{not json\n", "x = 1\n" + marked,
+                                        None)] == [None, None, None, None]

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from agent.graph import Loop, LoopSettings, run_loop
-from agent.policies.offline import OfflinePolicy, read_marker
+from agent.policies.offline import OfflinePolicy
 from agent.policy import AttemptView, Message, Proposal, ProposeContext
 from agent.strategies import (STRATEGIES, Archive, cell_of, choose, descriptors, efficiency, make_strategy, rng_for,
                               weights)
 from agent.strategies.evolve import build_islands, island_of
 from tools.result import EvalResult, Resources, Roofline, Timing
+from tools.records.store import offline_marker as read_marker
 from tools.records.store import open_db
 
 

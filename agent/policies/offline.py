@@ -38,9 +38,8 @@ from agent.diagnose import diagnose
 from agent.kernels.constants import constants, replace_constants
 from agent.policy import AttemptView, Message, PolicyError, Proposal, ProposeContext
 from tools.rules import detect_language
-from tools.records.store import Store, fastest_key, source_hash
+from tools.records.store import OFFLINE_MARK, Store, fastest_key, offline_marker, source_hash
 
-MARK = "# kloop-offline: "
 FIXED_SIZE_ATTEMPTS = 3   # Inductor attempts failing only at hidden variants before the policy stops searching
 ROW_TILE = re.compile(r"(^|_)R0_BLOCK$|^BLOCK_COLS$")   # a tile along the row a kernel reduces
 NO_STARTERS = ("the offline policy needs a target or a seed kernel; give --seed-kernel FILE or use an LLM policy "
@@ -65,7 +64,7 @@ class Template:
             body = catalog.render(self.starter, values)
         else:
             body = replace_constants(self.seed_source, values)
-        return MARK + json.dumps({"template": self.name, "values": values}, sort_keys=True) + "\n" + body
+        return OFFLINE_MARK + json.dumps({"template": self.name, "values": values}, sort_keys=True) + "\n" + body
 
 
 @dataclass
@@ -148,7 +147,7 @@ class OfflinePolicy:
         """Why searching on is pointless, when it is: the Inductor starter and its first neighbours all pass the
         main shape and fail a hidden variant. torch.compile then fixed a size the variants change (one that a module
         fixes at construction); its kernels take no other, and no tunable changes that."""
-        tried = [a for a in history if (read_marker(a.source) or {}).get("template", "").startswith("inductor/")]
+        tried = [a for a in history if (offline_marker(a.source) or {}).get("template", "").startswith("inductor/")]
         if len(tried) < FIXED_SIZE_ATTEMPTS or any(a.verdict == "correct" for a in tried):
             return ""
         if not all(a.reasons and a.reasons[0].startswith("hidden variant") for a in tried):
@@ -211,7 +210,7 @@ class OfflinePolicy:
                      gpu: dict | None = None) -> Iterator[Move]:
         """One tunable `step` places up or down its list, in the order the diagnosis prefers; configurations the
         starter says do not fit the GPU (shared memory, registers) are never proposed."""
-        marker = read_marker(anchor.source)
+        marker = offline_marker(anchor.source)
         template = self.by_name.get(marker.get("template")) if marker else None
         if template is None or template.language not in allowed or "ptx_edit" in marker:
             return
@@ -232,7 +231,7 @@ class OfflinePolicy:
     def has_ptx_twin(self, attempt: AttemptView) -> bool:
         """A correct catalog Triton attempt that a GPU run compiled to one PTX module, of a template whose launch
         convention a PTX candidate can take over."""
-        marker = read_marker(attempt.source)
+        marker = offline_marker(attempt.source)
         return (attempt.language == "triton" and attempt.verdict == "correct" and bool(marker)
                 and "ptx_edit" not in marker and marker.get("template") in self.by_name
                 and self.by_name[marker["template"]].ptx_twin and self.target is not None
@@ -243,7 +242,7 @@ class OfflinePolicy:
         its cache-hint variants. Only for an attempt with a PTX twin (has_ptx_twin)."""
         if not self.has_ptx_twin(anchor):
             return
-        marker = read_marker(anchor.source)
+        marker = offline_marker(anchor.source)
         from agent.kernels import ptx_edits
         compiled = self.ptx_compilations(anchor.source)
         if not compiled:
@@ -251,7 +250,7 @@ class OfflinePolicy:
 
         def as_candidate(edit: str, variants: list) -> str:
             body = ptx_edits.ptx_candidate_from_triton(anchor.source, variants)
-            return MARK + json.dumps({**marker, "ptx_edit": edit}, sort_keys=True) + "\n" + body
+            return OFFLINE_MARK + json.dumps({**marker, "ptx_edit": edit}, sort_keys=True) + "\n" + body
 
         try:
             yield Move(as_candidate("none", compiled), "ptx",
@@ -369,7 +368,7 @@ def tunable_kind(name: str) -> str:
 
 
 def describe(a: AttemptView) -> str:
-    marker = read_marker(a.source)
+    marker = offline_marker(a.source)
     what = f"{marker['template']} with {format_values(marker['values'])}" if marker else f"a {a.language} kernel"
     if a.verdict != "correct":
         outcome = f"was {a.verdict}" + (f" ({a.reasons[0]})" if a.reasons else "")
@@ -380,16 +379,6 @@ def describe(a: AttemptView) -> str:
         outcome = "is correct (no timing on this machine)"
     diagnosis = " ".join(a.diagnosis.split("\n")[:2]) if a.diagnosis else ""
     return f"Attempt {a.number} ({what}) {outcome}." + (f" Diagnosis: {diagnosis}." if diagnosis else "")
-
-
-def read_marker(source: str) -> dict | None:
-    first = source.split("\n", 1)[0]
-    if not first.startswith(MARK):
-        return None
-    try:
-        return json.loads(first[len(MARK):])
-    except json.JSONDecodeError:
-        return None
 
 
 def scale_row_tiles(values: dict, tunables: dict[str, list], old_row: int | None, new_row: int | None) -> dict:

@@ -121,12 +121,13 @@ def descriptors(language: str, result: EvalResult, source: str) -> dict:
       resource counts at all (the CPU interpreter), the warps tunable of an offline-policy kernel;
     - tmpl: the offline policy's template, else 'model' (a model-written kernel).
     """
-    from agent.policies.offline import read_marker, tunable_kind
+    from agent.policies.offline import tunable_kind
+    from tools.records.store import offline_marker
 
     roofline = result.roofline
     occupancies = [r.occupancy for r in result.resources if r.occupancy is not None]
     registers = [r.registers for r in result.resources if r.registers is not None]
-    marker = read_marker(source or "") or {}
+    marker = offline_marker(source) or {}
     if occupancies:
         occ = bucket(min(occupancies), "occ")
     elif registers:

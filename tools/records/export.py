@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterable
 
 from tools.records import wire
 from tools.records.decontaminate import DecontaminationError, load_problems, match, problem
-from tools.records.store import Store, StoreError, fastest_key, open_db
+from tools.records.store import OFFLINE_MARK, Store, StoreError, fastest_key, offline_marker, open_db
 from tools.records.wire import SUBMIT
 
 FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
@@ -56,8 +56,6 @@ SPLITS = ("train", "test")
 TRAIN_ON = ("final", "all-correct")
 GROUP_BY = ("prompt", "target")   # rl/verl group_id: rows with the same prompt, or every attempt at one target
 LANGUAGES = ("triton", "ptx")
-# The offline policy's first source line names the template it rendered (agent/policies/offline.py MARK).
-OFFLINE_MARK = "# kloop-offline: "
 # Without --tokenizer, token counts are an estimate that errs long. Real tokenizers did 2.7-3.0 characters per token on
 # kloop's rows (issue 37); a byte-level BPE trained on the exports (results/trainers-round2) did 2.07-3.1 per row
 # (median 2.8; PTX and long numbers lowest), so 2.0 leaves every row whole. --tokenizer counts exactly.
@@ -791,13 +789,7 @@ def _starter(attempt: dict, attempts: list[dict]) -> str | None:
 
 
 def _template_of(source: str) -> str | None:
-    first = source.split("\n", 1)[0]
-    if not first.startswith(OFFLINE_MARK):
-        return None
-    try:
-        return json.loads(first[len(OFFLINE_MARK):]).get("template")
-    except (ValueError, AttributeError):
-        return None
+    return (offline_marker(source) or {}).get("template")
 
 
 def _kernelbook_record(db_path: Path, run: dict, attempt: dict, attempts: list[dict], license: str | None) -> dict:

@@ -28,6 +28,9 @@ from tools.result import EvalResult
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("runs/kloop.db")
 LOCK_TIMEOUT_S = 10.0  # how long to wait for another writer before calling the database locked
+# An offline-policy kernel's first line: this, then JSON of the template it rendered (values, PTX edit). Models never
+# write it (exports take it out), so it tells the offline policy's attempts from a model's.
+OFFLINE_MARK = "# kloop-offline: "
 
 RUN_COLUMNS = {
     "id": str, "created_at": str, "finished_at": str, "status": str, "target_name": str, "target_source": str,
@@ -166,6 +169,18 @@ def source_hash(source: str) -> str:
     """sha256 of the source with trailing whitespace and blank lines normalized away (same kernel, same hash)."""
     lines = [line.rstrip() for line in source.strip().splitlines()]
     return hashlib.sha256("\n".join(line for line in lines if line).encode()).hexdigest()
+
+
+def offline_marker(source: str | None) -> dict | None:
+    """The JSON after OFFLINE_MARK on the source's first line; None for any other source."""
+    first = (source or "").split("\n", 1)[0]
+    if not first.startswith(OFFLINE_MARK):
+        return None
+    try:
+        marker = json.loads(first[len(OFFLINE_MARK):])
+    except ValueError:
+        return None
+    return marker if isinstance(marker, dict) else None
 
 
 def open_db(path: str | os.PathLike = DEFAULT_DB, create: bool = True, timeout: float | None = None,

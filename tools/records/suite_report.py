@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.records.report import markdown_table
+from tools.records.store import offline_marker
 
 P_VALUES = (0.0, 1.0, 1.2, 2.0)
 BASELINES = ("eager", "compile")
@@ -33,7 +34,6 @@ SOL_BINS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 NEAR_BEST = 0.98   # attempts to reach 98% of the run's best speedup
 NO_TIMING = ("no CUDA GPU: the kernels ran under the Triton interpreter on CPU tensors at small shapes, so no timing "
              "is real: speedups, fast_p for p > 0, geomeans and speed-of-light fractions are not reported")
-MARK = "# kloop-offline: "
 
 
 class SuiteReportError(Exception):
@@ -104,13 +104,7 @@ def attempts_to_near_best(curve: list[tuple[int, bool, float | None]], best: flo
 
 
 def _template(head: str | None) -> str | None:
-    first = (head or "").split("\n", 1)[0]
-    if not first.startswith(MARK):
-        return None
-    try:
-        return json.loads(first[len(MARK):]).get("template")
-    except (ValueError, AttributeError):
-        return None
+    return (offline_marker(head) or {}).get("template")
 
 
 def geomean(values: list[float | None]) -> float | None:

@@ -9,12 +9,11 @@ from __future__ import annotations
 import base64
 import difflib
 import io
-import json
 from pathlib import Path
 
 from markupsafe import Markup
 
-from tools.records.suite_report import MARK as OFFLINE_MARK   # the offline policy's first line
+from tools.records.store import offline_marker
 
 
 def attempt_facts(a: dict, parent: dict | None) -> list[tuple[str, str]]:
@@ -158,12 +157,8 @@ def run_view(store, run_id: str, anchor: str = "", plots: bool = True) -> dict:
 def label_of(source: str | None) -> str:
     """The offline policy's template and values, from its first line (agent.progress.attempt_label without agent:
     tools imports nothing above it)."""
-    first = (source or "").split("\n", 1)[0]
-    if not first.startswith(OFFLINE_MARK):
-        return ""
-    try:
-        marker = json.loads(first[len(OFFLINE_MARK):])
-    except ValueError:
+    marker = offline_marker(source)
+    if marker is None:
         return ""
     values = ", ".join(f"{k}={v}" for k, v in (marker.get("values") or {}).items())
     return " ".join(x for x in (str(marker.get("template") or ""), values,
