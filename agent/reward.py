@@ -1,13 +1,13 @@
 """kloop's reward for RL: a model's completion turned back into a kloop verdict by the evaluator, then a scalar.
 
-The scalar is tools.records.export.scalar_reward (formula in tools.records.export.REWARD_FORMULA, the same one `kloop export --format
-rl|verl` writes): 0 without a kernel that ran (format_error, rejected, compile_error), 0.1 for one that ran and failed
-(incorrect, runtime_error, timeout), 1 + 0.5 * clip(log2(speedup over eager), -1, 3) for a verified one (1.0 untimed).
-The completion may hold its submit_candidate call as structured tool_calls or as any chat template's text for one
-(tool_calls_in_text), or a fenced ```python block. Every Reward says which device judged it (`device`, and the
-"kloop.reward" log). Without a GPU the Triton CPU interpreter judges at CPU sizes, untimed: a correctness check for
-tests and debugging, not a training reward (3-5 s for a 1,000-element add on 2 cores, minutes for a softmax or a
-convolution, and not bit-faithful to a GPU's verdict).
+The reward is tools/records/reward.py's (REWARD_FORMULA, the same one `kloop export --format rl|verl` writes and
+`kloop serve` answers with): 0 without a kernel that ran (format_error, rejected, compile_error), 0.1 for one that
+ran and failed (incorrect, runtime_error, timeout), 1 + 0.5 * clip(log2(speedup over eager), -1, 3) for a verified
+one (1.0 untimed). The completion may hold its submit_candidate call as structured tool_calls or as any chat
+template's text for one (tool_calls_in_text), or a fenced ```python block. Every Reward says which device judged it
+(`device`, and the "kloop.reward" log). Without a GPU the Triton CPU interpreter judges at CPU sizes, untimed: a
+correctness check for tests and debugging, not a training reward (3-5 s for a 1,000-element add on 2 cores, minutes
+for a softmax or a convolution, and not bit-faithful to a GPU's verdict).
 
     >>> from agent.reward import score
     >>> score(completion_text, reference_source).reward                       # one completion
@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.prompting import candidate_from_submission, candidate_from_text
-from tools.records.export import scalar_reward
+from tools.records.reward import reward_components, scalar_reward
 from tools.result import EvalResult
-from tools.records.wire import SUBMIT
+from tools.records.wire import SUBMIT, openai
 
 log = logging.getLogger("kloop.reward")
 
@@ -55,16 +55,17 @@ def candidate_of(completion: Any):
         if not assistants:
             return None, "the completion has no assistant message"
         completion = assistants[-1]
-    calls = []
-    if isinstance(completion, dict):
-        calls = [call.get("function") or {} for call in completion.get("tool_calls") or [] if isinstance(call, dict)]
-        completion = completion.get("content") or ""
+    submissions = []   # (arguments, whether they are JSON text still to read)
+    if isinstance(completion, dict):   # the conversation shape, which tools.records.wire reads as a chat message
+        reply = openai.read_message(completion)
+        submissions = [(c.input, not c.parsed and isinstance(c.input, str)) for c in reply.submissions]
+        completion = reply.text
     text = completion if isinstance(completion, str) else ""
-    submissions = [c.get("arguments") for c in calls if c.get("name") == SUBMIT] or \
-        [c["arguments"] for c in tool_calls_in_text(text) if c["name"] == SUBMIT]
+    submissions = submissions or [(c["arguments"], isinstance(c["arguments"], str))
+                                  for c in tool_calls_in_text(text) if c["name"] == SUBMIT]
     if submissions:
-        arguments = submissions[-1]
-        if isinstance(arguments, str):
+        arguments, is_text = submissions[-1]
+        if is_text:   # arguments as JSON text, read leniently (models write raw newlines in strings)
             try:
                 arguments = _JSON.decode(arguments)
             except json.JSONDecodeError:
@@ -151,16 +152,6 @@ def _warn_cpu() -> None:
     _warned_cpu = True
     log.warning("kloop reward: judged by the Triton CPU interpreter (no GPU): correctness only, untimed, seconds to "
                 "minutes per completion and not bit-faithful to a GPU's verdict; not a training reward")
-
-
-def reward_components(result: EvalResult) -> dict:
-    """The reward's inputs from one evaluation (scalar_reward turns them into the reward); `kloop serve` answers
-    with the same ones."""
-    return {"verdict": result.verdict,
-            "compiled": result.verdict in ("correct", "incorrect", "runtime_error", "timeout"),
-            "correct": result.verdict == "correct", "speedup_eager": (result.speedup or {}).get("eager"),
-            "speedup_compile": (result.speedup or {}).get("compile"),
-            "sol_fraction": result.roofline.sol_fraction if result.roofline else None}
 
 
 def trl_reward(prompts=None, completions=None, reference_source=None, **kwargs) -> list[float]:

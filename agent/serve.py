@@ -5,7 +5,7 @@
                                     202 {"id", "status": "queued"}; with wait=true, 200 and the answer below
     GET  /v1/result/{id}[?wait=true&timeout=S]
                                     {"id", "status": queued|running|done, and when done: "result" (EvalResult.to_dict()),
-                                     "components" and "reward" (agent/reward.py, tools.records.export.REWARD_FORMULA),
+                                     "components" and "reward" (tools/records/reward.py, REWARD_FORMULA),
                                      "error" (null, or {"kind": time_limit|target|internal, "message"}), "queued_s",
                                      "eval_s", "worker"}
     GET  /v1/health                 {"status": "ok", workers, queue, ...}; the only path that needs no token
@@ -64,7 +64,6 @@ OPTION_RULES = {
     "baselines": (list, None, None),
 }
 BASELINES = ("eager", "compile")
-TIMEOUT_REWARD = 0.1          # tools.records.export.scalar_reward of a timeout (a kernel that ran and failed)
 
 
 class ServeError(Exception):
@@ -369,8 +368,7 @@ def _worker_main(conn, evaluator: str) -> None:
 
 
 def _reward_of(result: dict) -> dict:
-    from agent.reward import reward_components
-    from tools.records.export import scalar_reward
+    from tools.records.reward import reward_components, scalar_reward
     from tools.result import EvalResult
 
     components = reward_components(EvalResult.from_dict(result))
@@ -681,12 +679,7 @@ def _timeout_answer(limit: float) -> dict:
     message = (f"the service's time limit of {limit:g} s per request was exceeded; the evaluation was stopped and "
                "everything it started was killed")
     result = EvalResult(verdict="timeout", reasons=[message]).to_dict()
-    # the reward formula's inputs for a timeout, as agent.reward.reward_components gives them (not imported here:
-    # the service process stays light; tests check that the two agree)
-    components = {"verdict": "timeout", "compiled": True, "correct": False, "speedup_eager": None,
-                  "speedup_compile": None, "sol_fraction": None}
-    return {"result": result, "components": components, "reward": TIMEOUT_REWARD,
-            "error": {"kind": "time_limit", "message": message}}
+    return {"result": result, **_reward_of(result), "error": {"kind": "time_limit", "message": message}}
 
 
 def _error_answer(kind: str, message: str) -> dict:

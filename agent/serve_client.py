@@ -14,7 +14,7 @@
 The candidate is taken out of a completion as agent/reward.py does (a submit_candidate call, structured or in any chat
 template's text: Qwen/Hermes, Llama 3, Mistral, plain JSON; else a fenced ```python block); a completion without one
 scores 0 (format_error) without a request. Which device judged each reward is logged ("kloop.reward").
-The reward is the service's (tools.records.export.REWARD_FORMULA). A request the service refuses as full (429) is sent again
+The reward is the service's (tools/records/reward.py). A request the service refuses as full (429) is sent again
 after its Retry-After, with the same idempotency key, so a retried request is never evaluated twice.
 """
 from __future__ import annotations

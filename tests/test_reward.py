@@ -99,3 +99,29 @@ def test_the_evaluator_scores_template_text_as_a_structured_call():
         structured = reward.score(STRUCTURED, REFERENCE, session=session)
     assert (text.verdict, text.reward, text.device) == (structured.verdict, structured.reward, structured.device) == (
         "correct", 1.0, "cpu-interpreter")
+
+
+def test_one_reward_for_an_evaluation_and_for_its_logged_attempt():
+    # export scores a logged attempt, agent.reward and kloop serve score an EvalResult: the same components and reward
+    from tools.records.reward import reward_components, scalar_reward
+    from tools.records.store import attempt_columns
+    from tools.result import Roofline
+
+    timed = EvalResult(verdict="correct", speedup={"eager": 2.0, "compile": 1.25}, roofline=Roofline(sol_fraction=0.5))
+    for result in (timed, EvalResult(verdict="timeout"), EvalResult(verdict="compile_error")):
+        assert reward_components(attempt_columns(result)) == reward_components(result)
+    assert reward_components(timed) == {"verdict": "correct", "compiled": True, "correct": True, "speedup_eager": 2.0,
+                                        "speedup_compile": 1.25, "sol_fraction": 0.5}
+    assert [scalar_reward(reward_components(r)) for r in (timed, EvalResult(verdict="timeout"),
+                                                          EvalResult(verdict="compile_error"))] == [1.5, 0.1, 0.0]
+
+
+def test_a_structured_completion_is_read_as_the_wire_reads_a_chat_message():
+    # content as text blocks, a tool call that is not an object, arguments as JSON text with raw newlines
+    arguments = json.dumps(ARGUMENTS).replace("\\n", "\n")
+    message = {"role": "assistant", "content": [{"type": "text", "text": "Submitting."}], "tool_calls": [
+        "garbage", {"type": "function", "function": {"name": "submit_candidate", "arguments": arguments}}]}
+    candidate, reason = reward.candidate_of(message)
+    assert candidate is not None and candidate.source.strip() == HONEST.strip(), reason
+    double = dict(message, tool_calls=[{"function": {"name": "submit_candidate", "arguments": json.dumps(CALL)}}])
+    assert reward.candidate_of(double) == (None, "submit_candidate input is not an object")

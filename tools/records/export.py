@@ -9,8 +9,8 @@ Formats (`ExportOptions.format`):
              assistant turn (openai has no label: a failed submission is only ever context); provenance, labels and
              verdicts go to a line-aligned sidecar file.
   rl         one row per turn, every verdict: prompt, completion, reference source, shapes, tolerances, baselines,
-             reward components, a scalar reward (REWARD_FORMULA), `label`, and a `group_id` (GRPO) per prompt or
-             per target (`group_by`).
+             reward components, a scalar reward (tools/records/reward.py), `label`, and a `group_id` (GRPO) per
+             prompt or per target (`group_by`).
   verl       the rl rows in verl's parquet schema (data_source, prompt, ability, reward_model, extra_info).
   kernelbook one row per run: the target (python_code) and its best verified kernel, KernelBook's columns.
   flashinfer a FlashInfer Trace directory: definitions/, workloads/, solutions/, traces/.
@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterable
 
 from tools.records import wire
 from tools.records.decontaminate import DecontaminationError, load_problems, match, problem
+from tools.records.reward import REWARD_FORMULA, reward_components, scalar_reward
 from tools.records.store import OFFLINE_MARK, Store, StoreError, fastest_key, offline_marker, open_db
 from tools.records.wire import SUBMIT
 
@@ -63,10 +64,6 @@ CHARS_PER_TOKEN = 2.0
 OPENAI_MAX_TOKENS = 65_536   # OpenAI's limit per fine-tuning example
 SHOWN_EXCLUSIONS = 10        # excluded runs printed (the card lists every one)
 OPENAI_MIN_EXAMPLES = 10
-REWARD_FORMULA = ("reward = 0 if no kernel ran to a result (format_error, rejected, compile_error); "
-                  "0.1 if it ran but failed (incorrect, runtime_error, timeout); "
-                  "1 + 0.5 * clip(log2(speedup_eager), -1, 3) if correct (1.0 when untimed, e.g. CPU interpreter), "
-                  "so a verified kernel earns 0.5 to 2.5 and always more than any failure")
 
 
 class ExportError(Exception):
@@ -406,29 +403,6 @@ def plain_messages(messages: list[dict]) -> list[dict]:
         role = "user" if m["role"] == "tool" else m["role"]
         out.append({"role": role, "content": content.strip()})
     return out
-
-
-def reward_components(attempt: dict) -> dict:
-    """What an RL reward is built from; a format_error turn (no candidate) compiled nothing and is zero-reward."""
-    verdict = attempt.get("verdict")
-    return {
-        "verdict": verdict,
-        "compiled": verdict in ("correct", "incorrect", "runtime_error", "timeout"),
-        "correct": verdict == "correct",
-        "speedup_eager": _float(attempt.get("speedup_eager")),
-        "speedup_compile": _float(attempt.get("speedup_compile")),
-        "sol_fraction": _float(attempt.get("sol_fraction")),
-    }
-
-
-def scalar_reward(components: dict) -> float:
-    """REWARD_FORMULA, from reward_components() (or the same keys from a fresh evaluation)."""
-    if components.get("correct"):
-        speedup = components.get("speedup_eager")
-        if not speedup or speedup <= 0:
-            return 1.0
-        return 1.0 + 0.5 * min(max(math.log2(speedup), -1.0), 3.0)
-    return 0.1 if components.get("compiled") else 0.0
 
 
 # -- target facts (rl, verl, flashinfer) ------------------------------------------------------------------------------

@@ -25,10 +25,11 @@ def parse_arguments(arguments: Any) -> tuple[Any, bool]:
 
 
 def read_message(message: dict, stop: str | None = None) -> Reply:
-    """An assistant message (a response's choice, or one sent back in a request) as a Reply."""
+    """An assistant message (a response's choice, one sent back in a request, or a trainer's completion in the
+    conversation shape) as a Reply; tool calls that are not objects are left out."""
     calls = []
     for call in message.get("tool_calls") or []:
-        if (call.get("type") or "function") != "function":
+        if not isinstance(call, dict) or (call.get("type") or "function") != "function":
             continue
         function = call.get("function") or {}
         value, parsed = parse_arguments(function.get("arguments"))
