@@ -28,8 +28,8 @@ from tools.result import EvalResult
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("runs/kloop.db")
 LOCK_TIMEOUT_S = 10.0  # how long to wait for another writer before calling the database locked
-# An offline-policy kernel's first line: this, then JSON of the template it rendered (values, PTX edit). Models never
-# write it (exports take it out), so it tells the offline policy's attempts from a model's.
+# An offline-policy kernel's first line: this, then JSON of the template it rendered (values, PTX edit). Exports take
+# it out, so no model learns to write it.
 OFFLINE_MARK = "# kloop-offline: "
 
 RUN_COLUMNS = {
