@@ -1,6 +1,6 @@
 """kloop's exports through the trainers themselves, on the committed run databases (issue 37), CPU only, no network.
 
-    python bench/trainers_round2.py --out results/trainers-round2 --db-dir /tmp/dbs [--kernelbench DIR]
+    python tests/experiments/trainers_round2.py --out results/trainers-round2 --db-dir /tmp/dbs [--kernelbench DIR]
 
 Not a test (minutes on 2 cores). --db-dir gets the committed databases unpacked (results/*.db, the .xz suites). Each
 step writes its numbers into OUT/trainers_round2.json:
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent.prompting import export_prompts  # noqa: E402
