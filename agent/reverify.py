@@ -5,7 +5,7 @@ checks the same problem the run solved. The new run has parent_run_id = the old 
 attempt numbers, so old and new attempts pair up by number. The database read is opened read-only: the new run goes
 into `out_db` (which may be the same file only when the caller says so: kloop replay --in-place).
 
-    >>> outcome = reverify("a1b2c3d4", "results/bench-h200-part1.db", "best", out_db="runs/kloop.db")
+    >>> outcome = reverify("a1b2c3d4", "runs/bench-h200-part1.db", "best", out_db="runs/kloop.db")
     >>> outcome.disagreements
     [(7, 'time 12.1 us -> 15.9 us (+31%)')]
 """

@@ -148,7 +148,7 @@ class Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if HOOKS.benchmarking or self.quiet:  # Triton's autotuner clears caches with torch ops; so do we
+        if HOOKS.autotuner_timing or self.quiet:  # Triton's autotuner clears caches with torch ops; so do we
             return func(*args, **kwargs)
         if name in FILL_OPS and (name == "zero_" or str(func) == "aten.fill_.Scalar"):
             self._fill(args[0], 0 if name == "zero_" else args[1])
@@ -399,7 +399,7 @@ def comparable(plan: dict) -> dict:
 # -- launch interception, installed once per planner process before the candidate is imported -----------------------
 class _Hooks(threading.local):
     recorder: Recorder | None = None
-    benchmarking: bool = False
+    autotuner_timing: bool = False   # Triton's autotuner is timing a config: its launches run
 
 
 HOOKS = _Hooks()
@@ -419,7 +419,7 @@ def install() -> None:
         real = run_property.fget(kernel)
 
         def run(grid_0, grid_1, grid_2, stream, function, packed_metadata, launch_metadata, enter, exit_, *args):
-            if HOOKS.benchmarking:
+            if HOOKS.autotuner_timing:
                 return real(grid_0, grid_1, grid_2, stream, function, packed_metadata, launch_metadata, enter,
                             exit_, *args)
             if HOOKS.recorder is not None:
@@ -431,25 +431,25 @@ def install() -> None:
     interpreted_run = interpreter.InterpretedFunction.run
 
     def run_interpreted(self, *args, grid, warmup, **kwargs):
-        if warmup or HOOKS.benchmarking:
+        if warmup or HOOKS.autotuner_timing:
             return interpreted_run(self, *args, grid=grid, warmup=warmup, **kwargs)
         if HOOKS.recorder is not None:
             HOOKS.recorder.interpreted_launch(self, grid, args, kwargs)
 
     interpreter.InterpretedFunction.run = run_interpreted
 
-    bench = autotuner.Autotuner._bench
+    time_config = autotuner.Autotuner._bench
 
     def timed_config(self, *args, **kwargs):
         if HOOKS.recorder is not None:
             HOOKS.recorder.autotuned = True
         if DEVICE.type == "cpu":  # the interpreter has nothing to time with: every config ties, first wins
             return [1.0, 1.0, 1.0]
-        saved, HOOKS.benchmarking = HOOKS.benchmarking, True
+        saved, HOOKS.autotuner_timing = HOOKS.autotuner_timing, True
         try:
-            return bench(self, *args, **kwargs)
+            return time_config(self, *args, **kwargs)
         finally:
-            HOOKS.benchmarking = saved
+            HOOKS.autotuner_timing = saved
 
     autotuner.Autotuner._bench = timed_config
 

@@ -106,8 +106,8 @@ class Referee:
         # Another shape's set goes back to the device when it is freed: a smaller set carved out of its cached blocks
         # leaves them too small for the next full-size one, which then takes new ones. The same shape's next set
         # (and the baselines' outputs) take the freed blocks of the same sizes again: for 5-20 ms after a large free
-        # to the driver every kernel on an H100 runs ~18% slower (bench/fresh_memory.py), which made the baselines
-        # (and the candidate, when it came next) slower than they are.
+        # to the driver every kernel on an H100 runs ~18% slower (tests/experiments/fresh_memory.py), which made the
+        # baselines (and the candidate, when it came next) slower than they are.
         give_back = self.cuda and shape not in self.held
         held = None  # free the old set before making the new one (this name kept it alive too): two may not fit
         self.held.clear()

@@ -19,3 +19,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# tests/experiments/ holds scripts run by hand (mostly on a GPU; results/ keeps what they measured), not tests:
+# collecting would import them, and one named test_*.py would run.
+collect_ignore = ["experiments"]

@@ -183,7 +183,7 @@ def test_sass_evidence_counts_hopper_instructions_of_each_languages_best(tmp_pat
         store.add_attempt(run_id, source=f"# {language} {us}", **attempt_columns(r))
     store.close()
     out = tmp_path / "sass.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench/sass_evidence.py"), str(tmp_path / "runs.db"),
+    proc = subprocess.run([sys.executable, str(REPO / "tests/experiments/sass_evidence.py"), str(tmp_path / "runs.db"),
                            "--json", str(out)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     rows = {row["language"]: row for row in json.loads(out.read_text())}
@@ -194,6 +194,6 @@ def test_sass_evidence_counts_hopper_instructions_of_each_languages_best(tmp_pat
     assert {k: v for k, v in rows["ptx"]["sass_ops"]["matmul_kernel"].items() if v} == {"HGMMA": 1, "LDGSTS": 1}
     assert "best triton #2 1380.0 us  matmul_kernel: HGMMA=1 UTMALDG=2 UTMASTG=1" in proc.stdout
 
-    bad = subprocess.run([sys.executable, str(REPO / "bench/sass_evidence.py"), str(tmp_path / "none.db")],
+    bad = subprocess.run([sys.executable, str(REPO / "tests/experiments/sass_evidence.py"), str(tmp_path / "none.db")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error:")

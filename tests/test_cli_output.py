@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import shutil
 import subprocess
 import sys
@@ -291,7 +292,8 @@ def test_resume_refuses_budgets_already_spent(tmp_path):
 @pytest.mark.slow   # one real evaluation of a logged H200 kernel under the interpreter: about 10 s on 2 CPU cores
 def test_replay_of_a_committed_database_leaves_it_untouched(tmp_path):
     source = tmp_path / "bench.db"
-    shutil.copy(REPO / "results" / "bench-h200-part1.db", source)
+    with lzma.open(REPO / "results" / "bench-h200-part1.db.xz") as packed, open(source, "wb") as unpacked:
+        shutil.copyfileobj(packed, unpacked)
     before = source.read_bytes()
     out_db = tmp_path / "runs" / "kloop.db"
     done = cli("replay", "68b1dff4", "--db", source, "--out-db", out_db)

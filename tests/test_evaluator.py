@@ -693,8 +693,8 @@ def test_the_trusted_processes_free_a_set_of_inputs_before_making_the_next(tmp_p
 @pytest.mark.gpu
 def test_the_baselines_are_timed_on_reused_memory_like_the_candidate(monkeypatch):
     # Memory new from the driver is first written by the timed call itself, up to 17% slower on an H100
-    # (bench/fresh_memory.py): a referee that gave its set back every round timed eager and torch.compile slower
-    # than they are, while the candidate writes into buffers it reuses. Only another shape's set is given back.
+    # (tests/experiments/fresh_memory.py): a referee that gave its set back every round timed eager and torch.compile
+    # slower than they are, while the candidate writes into buffers it reuses. Only another shape's set is given back.
     import torch
 
     from sandbox import referee

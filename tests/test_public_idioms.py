@@ -1,6 +1,6 @@
 """Triton as the public writes it (the Triton tutorials, Liger-Kernel, Unsloth, FlagGems): the rules accept its
 idioms, and every rule relaxed for them has its cheat, which the rules, the jail or the replay still stop. The
-kernels are kloop's own, written in those idioms (no other project's code); bench/public_triton.py runs the
+kernels are kloop's own, written in those idioms (no other project's code); tests/experiments/public_triton.py runs the
 libraries' own kernels."""
 import textwrap
 from pathlib import Path

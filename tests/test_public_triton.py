@@ -1,5 +1,5 @@
-"""bench/public_triton.py builds its candidates from a library's modules as written: what an entry point needs,
-across the package's modules, its platform `if`s resolved as the library resolves them, nothing else (not a
+"""tests/experiments/public_triton.py builds its candidates from a library's modules as written: what an entry point
+needs, across the package's modules, its platform `if`s resolved as the library resolves them, nothing else (not a
 module's own test code, not helpers nobody calls). Checked on a package of kloop's making, without installing
 anything; bad input is one line and exit status 2."""
 import importlib.util
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def public_triton():
-    spec = importlib.util.spec_from_file_location("public_triton", REPO / "bench" / "public_triton.py")
+    spec = importlib.util.spec_from_file_location("public_triton", REPO / "tests" / "experiments" / "public_triton.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # its dataclass looks its module up there
     spec.loader.exec_module(module)

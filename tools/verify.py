@@ -46,9 +46,9 @@ output's own precision (float32 for half types; its sums of squares in float64),
 the end, and accepts an output only when every element is finite and within 0.999 of its tolerance, where float32
 rounding cannot change the answer, and its norm is within the floor. On a GPU, for contiguous tensors, that pass is
 one Triton kernel reading each tensor once: 0.31 ms for a float32 output of 2^26 elements on an H100, where torch's
-dozen elementwise passes took 2.96 ms (bench/check_cost.py), and a candidate's outputs are checked about 50 times.
-Anything else (a NaN or infinity anywhere, an element near or over its bound, the norm over its floor) is judged by
-the exact float64 pass, which finds the positions and the worst element for the reasons.
+dozen elementwise passes took 2.96 ms (tests/experiments/check_cost.py), and a candidate's outputs are checked about
+50 times. Anything else (a NaN or infinity anywhere, an element near or over its bound, the norm over its floor) is
+judged by the exact float64 pass, which finds the positions and the worst element for the reasons.
 """
 from __future__ import annotations
 

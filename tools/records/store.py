@@ -234,10 +234,16 @@ def _connect_readonly(path: Path, timeout: float) -> sqlite3.Connection:
     return conn
 
 
+# results/ keeps its databases compressed; the tool that unpacks each kind
+UNPACKERS = {".xz": "xz", ".gz": "gzip"}
+
+
 def _explain(path: Path, error: sqlite3.DatabaseError) -> str:
     text = str(error)
     if "locked" in text or "busy" in text:
         return f"{path} is locked by another process (is a kloop run still writing to it?)"
+    if ("not a database" in text or "malformed" in text) and path.suffix in UNPACKERS:
+        return f"{path} is compressed: unpack it first ({UNPACKERS[path.suffix]} -dc {path} > runs/{path.stem})"
     if "not a database" in text or "malformed" in text:
         return f"{path} is not a SQLite database"
     if "readonly" in text or "read-only" in text or "unable to open" in text:

@@ -1,6 +1,6 @@
 """GPU memory per process while a command runs (not a test): which of kloop's processes holds what, at the peak.
 
-    python bench/gpu_memory.py --out mem.json -- python3 -m agent.cli suite ... 
+    python tests/experiments/gpu_memory.py --out mem.json -- python3 -m agent.cli suite ... 
 
 NVML's per-process usage is sampled every 50 ms; each process is named by its role from its command line
 (referee, executor, warm = a planner or a spare, inductor = a starter generation, the kloop process itself).

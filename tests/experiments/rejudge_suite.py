@@ -5,8 +5,8 @@ assembled and verified again at its problem's full size (no timing: the verdict 
 session, a problem at a time, and written as one JSON line per problem as it finishes, so a deadline or a crash
 loses nothing. Lanes split the problems over GPUs (run one process per GPU, CUDA_VISIBLE_DEVICES set).
 
-    python bench/rejudge_suite.py results/suite-kernelbench-h100x4/level1/suite.db --out OUT/rejudge-0.jsonl \
-        --lane 0 --lanes 4 --deadline-s 500
+    python tests/experiments/rejudge_suite.py results/suite-kernelbench-h100x4/level1/suite.db \
+        --out OUT/rejudge-0.jsonl --lane 0 --lanes 4 --deadline-s 500
 
 Each line: problem, run, the logged verdict and checks version, the new verdict and its first reason, whether the
 target is degenerate (tools/target.py), the input families judged, seconds.
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.reverify import checks_of  # noqa: E402
 from sandbox.evaluate import EvalSettings, Session  # noqa: E402

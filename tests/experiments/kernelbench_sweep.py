@@ -1,6 +1,6 @@
 """Every problem of a KernelBench-style folder, at full size, judged against one candidate (not a test).
 
-    python bench/kernelbench_sweep.py kernelbench/level1 tests/candidates/copy_input.py --out sweep.jsonl \
+    python tests/experiments/kernelbench_sweep.py kernelbench/level1 tests/candidates/copy_input.py --out sweep.jsonl \
         [--problems '19_*,33_*'] [--seconds 300] [--starters [--jobs 8]] [--baselines eager,compile]
 
 What it shows: that each problem gets a verdict (never a traceback or an out-of-memory crash of kloop), how long the

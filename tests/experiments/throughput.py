@@ -1,13 +1,13 @@
 """Throughput of the loop on one node (not a test): candidates per minute per target, the evaluator's overhead and
 where it goes, and the bench's own figures, pipelined against one candidate at a time, side by side in one run.
 
-    python bench/throughput.py --out "$OUT"                       # one GPU, about 8 minutes
-    python bench/throughput.py --gpus 0,1 --phases breakdown,pipelined,one-gpu --out "$OUT"
+    python tests/experiments/throughput.py --out "$OUT"                       # one GPU, about 8 minutes
+    python tests/experiments/throughput.py --gpus 0,1 --phases breakdown,pipelined,one-gpu --out "$OUT"
                                                                   # 2 GPUs, then GPU 0 alone: about 9 minutes
 
 Phases (each skipped, and said so, when the --budget-s left cannot hold it):
-1. breakdown: vector_add's triton_block starter evaluated one at a time (bench/evaluator.py's measure): wall,
-   overhead beyond compile, each stage and each wait on another process, medians with quartiles.
+1. breakdown: vector_add's triton_block starter evaluated one at a time (tests/experiments/evaluator.py's measure):
+   wall, overhead beyond compile, each stage and each wait on another process, medians with quartiles.
 2. pipelined: the offline policy on each small built-in target for --seconds-per-target, in one evaluator session
    (parallel jailed planners, one executor and referee per GPU, attempts in flight); then the best kernel re-timed
    with eager on the same device (its time, speedup and timing CV).
@@ -37,15 +37,15 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "experiments"))
 
-import evaluator as evaluator_bench  # noqa: E402  (bench/evaluator.py)
+import evaluator as evaluator_breakdown  # noqa: E402  (tests/experiments/evaluator.py)
 
 from agent import run as runs  # noqa: E402
 from sandbox.evaluate import EvalSettings, Session, versions  # noqa: E402
-from tools import bench  # noqa: E402
+from tools.records import bench  # noqa: E402
 from tools.profile import gpu_info  # noqa: E402
 from tools.records.store import open_db  # noqa: E402
 from tools.target import load_target  # noqa: E402
@@ -135,7 +135,7 @@ def one_target(store, name: str, seconds: float, evaluator: dict, session) -> di
     """One target's offline run in `session` for `seconds` of loop time, then its best re-timed beside eager."""
     cap = 10**9
     settings = runs.settings_for(name, max_attempts=cap, hours=seconds / 3600, target_sol=sys.float_info.max,
-                                 patience=cap, started_by="bench/throughput.py", **evaluator)
+                                 patience=cap, started_by="tests/experiments/throughput.py", **evaluator)
     run = runs.start(store, "offline", settings)
     began = time.monotonic()
     runs.run(run, session=session)
@@ -380,8 +380,8 @@ def main() -> None:
             session.start()
             target = load_target("vector_add")
             source = (ROOT / "agent/kernels/vector_add/triton_block.py").read_text()
-            found = evaluator_bench.measure(session, target, source, args.repeats)
-        say(evaluator_bench.breakdown_table(found))
+            found = evaluator_breakdown.measure(session, target, source, args.repeats)
+        say(evaluator_breakdown.breakdown_table(found))
         return found
 
     if "breakdown" in phases and clock.left() > 60:

@@ -1,6 +1,6 @@
 """Public Triton as kloop judges it (a corpus benchmark, not a test).
 
-    python bench/public_triton.py [--packages DIR] [--tutorials PATH/python/tutorials] [--only NAME ...]
+    python tests/experiments/public_triton.py [--packages DIR] [--tutorials PATH/python/tutorials] [--only NAME ...]
                                   [--show NAME]
 
 Installs Liger-Kernel from the package index into --packages (pip install --no-deps --target), takes forward
@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

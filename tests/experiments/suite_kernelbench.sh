@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # KernelBench on one GPU with the offline policy (no API key): `kloop suite`, resumable across calls.
 #
-#   bench/suite_kernelbench.sh KERNELBENCH [DB]
+#   tests/experiments/suite_kernelbench.sh KERNELBENCH [DB]
 #
 #   KERNELBENCH  the folder holding KernelBench's level1/ (e.g. kernelbench/KernelBench, carried to the machine)
 #   DB           the run database (default runs/suite-level1.db). When DB is missing and DB.gz is there, DB.gz is
@@ -20,8 +20,8 @@
 # most 8 files a call: two suites in one call lose the second's log and report (its database redraws the report:
 # `kloop suite ... --report-only`).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-KB=${1:?usage: bench/suite_kernelbench.sh KERNELBENCH [DB]}
+cd "$(dirname "$0")/../.."
+KB=${1:?usage: tests/experiments/suite_kernelbench.sh KERNELBENCH [DB]}
 DB=${2:-runs/suite-level1.db}
 OUT=${OUT:-out}
 LEVELS=${LEVELS:-1}
@@ -31,7 +31,7 @@ BUDGET_S=${BUDGET_S:-400}
 began=$(date +%s)
 mkdir -p "$OUT/report" "$(dirname "$DB")"
 
-source bench/gpu_env.sh
+source tests/experiments/gpu_env.sh
 if [ ! -f "$DB" ] && [ -f "$DB.gz" ]; then
     gunzip -c "$DB.gz" > "$DB" && echo "continuing the suite in $DB (from $DB.gz)"
 elif [ ! -f "$DB" ] && [ -f "$DB.gz.00" ]; then   # a database that came back in parts

@@ -1,7 +1,7 @@
 """What one output check costs the referee on a GPU (not a test): tools/verify.py's first pass, fused (one Triton
 kernel) against torch's elementwise ops, and same_bits, at vector_add's full size and others, side by side.
 
-    python bench/check_cost.py            # a few seconds on an H100
+    python tests/experiments/check_cost.py            # a few seconds on an H100
 
 Every timed call of a candidate is checked (about 50 checks per candidate), so these milliseconds are a share of
 each candidate's time on its device. Medians and quartiles of --repeats wall-clock timings (each ends with the one

@@ -1,7 +1,7 @@
 """Benchmark of the evaluator itself (not a test): per-candidate overhead and where it goes, timing repeatability,
 agreement with ncu.
 
-    python bench/evaluator.py --out results/evaluator-GPU.json [--repeats 10] [--no-ncu]
+    python tests/experiments/evaluator.py --out results/evaluator-GPU.json [--repeats 10] [--no-ncu]
 
 One candidate at a time (Session.evaluation, staged), with a warm pool of planners and a warm executor and
 referee. Overhead is the wall time of one whole evaluation (rules, planner, executor loads, trials, timing) minus the
@@ -22,7 +22,7 @@ from pathlib import Path
 from sandbox.evaluate import EvalSettings, Session, evaluate
 from tools.target import load_target
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def spread(values: list[float]) -> dict:

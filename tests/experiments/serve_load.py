@@ -2,9 +2,9 @@
 loopback load generator, a `kill -9` of the service mid-load and a restart on the same database, then checks that
 every acknowledged request was answered exactly once with the answer its candidate deserves.
 
-    source bench/gpu_env.sh; python bench/serve_load.py --out "$OUT" --gpus all
+    source tests/experiments/gpu_env.sh; python tests/experiments/serve_load.py --out "$OUT" --gpus all
                   # one worker per GPU; on one H100, 40 requests took 5.3 minutes (results/serve-load-h100/)
-    python bench/serve_load.py --out /tmp/serve-load --workers 2 --requests 12 --kill-after 4 --queue 4
+    python tests/experiments/serve_load.py --out /tmp/serve-load --workers 2 --requests 12 --kill-after 4 --queue 4
                                                # CPU smoke test (Triton interpreter, 2 cores): about 1.5 minutes
 
 The requests (vector_add, cheap evaluation options): mostly the triton_block starter rendered at varying tunables
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent.kernels.catalog import STARTERS, render  # noqa: E402

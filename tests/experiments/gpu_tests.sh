@@ -2,13 +2,13 @@
 # The GPU tests (-m "gpu or device") in parts that each fit one call of a lent GPU machine (600 s at most; all of
 # them take longer on an H100): the collected tests, in order, cut into PARTS contiguous slices, and the PART-th run.
 #
-#   bench/gpu_tests.sh PART PARTS [PYTEST-ARGS...]     e.g. bench/gpu_tests.sh 1 3, then 2 3, then 3 3
+#   tests/experiments/gpu_tests.sh PART PARTS [PYTEST-ARGS...]     e.g. 1 3, then 2 3, then 3 3
 #
 # Writes $OUT/gpu-tests-PART-of-PARTS.log (OUT: out/) and prints its last lines: failures with short tracebacks,
 # the slowest tests, the summary.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-usage="usage: bench/gpu_tests.sh PART PARTS [PYTEST-ARGS...] (1 <= PART <= PARTS)"
+cd "$(dirname "$0")/../.."
+usage="usage: tests/experiments/gpu_tests.sh PART PARTS [PYTEST-ARGS...] (1 <= PART <= PARTS)"
 part=${1:-}
 parts=${2:-}
 if ! [[ "$part" =~ ^[1-9][0-9]*$ && "$parts" =~ ^[1-9][0-9]*$ ]] || (( part > parts )); then
@@ -18,7 +18,7 @@ fi
 shift 2
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-source bench/gpu_env.sh
+source tests/experiments/gpu_env.sh
 mapfile -t ids < <(python3 -m pytest -p no:cacheprovider -q -m "gpu or device" --collect-only 2>/dev/null | grep "::")
 if (( ${#ids[@]} == 0 )); then
     echo "error: no GPU tests collected (python3 -m pytest --collect-only fails here?)" >&2

@@ -1,4 +1,5 @@
-# Sourced by the bench scripts: makes the offline GPU image ready for kloop (README: On a GPU machine without network).
+# Sourced by the GPU scripts of tests/experiments/: makes the offline GPU image ready for kloop (README: On a GPU
+# machine without network).
 # The image lacks langgraph, anthropic, sqlite-utils: installed from the carried .whl/ (../shared/gpu/wheels.sh);
 # bubblewrap comes from a carried .debs/bubblewrap_*.deb where the machine has none.
 # A second script in the same machine finds them already in /tmp/site.

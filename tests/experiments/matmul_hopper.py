@@ -1,6 +1,6 @@
 """Hopper matmul starters on one GPU, in one go (about 7 minutes on an H100; not a test).
 
-    python bench/matmul_hopper.py                 # results to $OUT (default ./bench-out)
+    python tests/experiments/matmul_hopper.py                 # results to $OUT (default ./out)
 
 For matmul_bf16 (8192^3) and matmul_bias_relu (4096^3), in this order, each section bounded by a deadline:
 1. the baselines: eager (cuBLAS through torch) and torch.compile(mode="max-autotune-no-cudagraphs"), and their compile
@@ -32,21 +32,21 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 
 from agent.kernels import catalog  # noqa: E402
-from bench.sass_evidence import count_ops  # noqa: E402
+from sass_evidence import count_ops  # noqa: E402  (tests/experiments/, first on sys.path as the script's own folder)
 from tools.numerics import pin_numeric_flags  # noqa: E402
 from tools.profile import gpu_info  # noqa: E402
 from tools.target import load_target  # noqa: E402
 
-OUT = Path(os.environ.get("OUT") or ROOT / "bench-out")
+OUT = Path(os.environ.get("OUT") or ROOT / "out")
 START = time.monotonic()
-BUDGET_S = float(os.environ.get("BENCH_BUDGET_S", 380))     # sections 1-4; the tests get up to TESTS_S more
+BUDGET_S = float(os.environ.get("BUDGET_S", 380))     # sections 1-4; the tests get up to TESTS_S more
 TESTS_S = 110
 SWEEP_UNTIL_LEFT_S = {"matmul_bf16": 230, "matmul_bias_relu": 110}  # each target's sweep stops with this much left
 TOLERANCE = {"atol": 2e-2, "rtol": 2e-2}                     # the evaluator's bf16 tolerance
@@ -79,7 +79,7 @@ def log(message: str) -> None:
 # -- kernels ------------------------------------------------------------------------------------------------------
 def import_source(source: str, name: str):
     """A rendered starter as a module (@triton.jit reads its source from a file)."""
-    directory = Path(tempfile.mkdtemp(prefix="kloop-bench-"))
+    directory = Path(tempfile.mkdtemp(prefix="kloop-matmul-hopper-"))
     path = directory / f"{name}.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(name, path)
@@ -184,7 +184,7 @@ def time_side_by_side(fns: dict, rounds: int = 4, rep_ms: int = 40) -> dict:
 
 
 # -- one target ---------------------------------------------------------------------------------------------------
-def bench_target(name: str, gpu: dict, report: dict) -> None:
+def measure_target(name: str, gpu: dict, report: dict) -> None:
     target = load_target(name)
     shapes = target.shapes(small=False)
     main = Problem(target, shapes[0])
@@ -357,7 +357,7 @@ def main() -> None:
     log(f"{gpu and gpu['name']}, torch {torch.__version__}, triton {triton.__version__}")
     for name in TARGETS:
         try:
-            bench_target(name, gpu, report)
+            measure_target(name, gpu, report)
         except Exception as e:  # noqa: BLE001
             report["targets"].setdefault(name, {"shape": {}, "configs": []})["error"] = traceback.format_exc()[-3000:]
             log(f"{name}: failed: {e}")

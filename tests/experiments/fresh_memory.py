@@ -1,6 +1,6 @@
 """Is a memory-bound kernel slower on device memory the process has just taken from the driver? (not a test)
 
-    python bench/fresh_memory.py [--gib 6.4] [--calls 30]
+    python tests/experiments/fresh_memory.py [--gib 6.4] [--calls 30]
 
 Why: at KernelBench's full sizes the evaluator's timed calls of elementwise problems (6-16 GB per call) are bimodal
 on an H100 (IQR 13-16% of the median, results/suite-kernelbench-level1-h100/README.md). Times out = clamp_min(x, 0)
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("error: bench/fresh_memory.py needs a CUDA GPU")
+        raise SystemExit("error: tests/experiments/fresh_memory.py needs a CUDA GPU")
     n = int(args.gib * 2**30) // 4
     x, out = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
     for _ in range(3):

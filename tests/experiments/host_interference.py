@@ -1,7 +1,7 @@
 """What slows a trusted process on a busy host (not a test): the work a device thread waits on, measured while other
 processes load the host the way a pipeline's planners do, with and without CPU affinity keeping them apart.
 
-    python bench/host_interference.py --out "$OUT"            # about 90 s on a GPU machine
+    python tests/experiments/host_interference.py --out "$OUT"            # about 90 s on a GPU machine
 
 A probe process repeats two things for --seconds and reports each one's median and 90th percentile:
 - `python_ms`: a fixed piece of pure Python (the trusted processes' JSON, dispatch and bookkeeping);
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sandbox.cores import physical_cores  # noqa: E402
 
 PROBE = r"""

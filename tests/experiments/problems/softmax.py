@@ -1,5 +1,5 @@
 """Row softmax of an fp32 matrix with rows twice as long as the built-in target's (tools/targets/softmax.py, 8192 x
-8192): the second shape of bench/search_memory.sh's tuning-memory experiment.
+8192): the second shape of tests/experiments/search_memory.sh's tuning-memory experiment.
 
 The file is named softmax.py on purpose: the offline policy names a file target's Inductor template after the file
 (inductor/softmax) and tuning memory is keyed by template, so this file shares memory with that target's file."""

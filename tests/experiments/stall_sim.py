@@ -2,8 +2,8 @@
 vector_add, a fake evaluator (1 s plans on 8 planners, 0.5 s on each of 2 fake devices, timings made up from the
 source's hash) and the PTX-twin compile slowed by 5 s, as a fresh process on a busy GPU machine is.
 
-    python bench/stall_sim.py            # the policy as it is: PTX moves passed over while their compile runs
-    python bench/stall_sim.py block      # every proposal waits for the compile (the loop before c2fc675)
+    python tests/experiments/stall_sim.py        # the policy as it is: PTX moves passed over while their compile runs
+    python tests/experiments/stall_sim.py block  # every proposal waits for the compile (the loop before c2fc675)
 
 Prints attempts per minute and the gaps over 3 s between two logged attempts (the H100 pair showed 26 of them).
 """
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import evaluated  # noqa: E402  (tests/evaluated.py: results as the evaluator makes them)

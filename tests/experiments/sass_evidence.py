@@ -2,7 +2,7 @@
 count of each Hopper instruction in their SASS (HGMMA = wgmma, UTMALDG/UTMASTG = TMA loads/stores, USETMAXREG = warp
 specialization's register split, HMMA = pre-Hopper mma.sync, LDGSTS = cp.async).
 
-    python3 bench/sass_evidence.py RUNS.db [--json OUT.json]
+    python3 tests/experiments/sass_evidence.py RUNS.db [--json OUT.json]
 
 Issue 15 asks for this next to the bench table: that wgmma and TMA are what runs in the best matmul kernels.
 """

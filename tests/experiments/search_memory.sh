@@ -4,11 +4,11 @@
 #     --max-attempts. Goal: on every target, evolve and metr each reach at least the best kernel refine reaches (as
 #     fast, or the very same source); attempts to 98% of each run's best are reported.
 #  2. Tuning memory: the built-in softmax's file (8192 x 8192) with a fresh --memory, then another shape of the op,
-#     bench/problems/softmax.py (4096 x 16384), once with that memory and once with --no-memory, at the same budget
-#     and --strategy-seed. Goal: with memory, 98% of the run's final best in at most a third of the attempts the
-#     run without memory needs.
+#     tests/experiments/problems/softmax.py (4096 x 16384), once with that memory and once with --no-memory, at the
+#     same budget and --strategy-seed. Goal: with memory, 98% of the run's final best in at most a third of the
+#     attempts the run without memory needs.
 #
-#   OUT=out bench/search_memory.sh
+#   OUT=out tests/experiments/search_memory.sh
 #
 # Environment: TARGETS (vector_add,softmax,layernorm: files under tools/targets/), ATTEMPTS (6 per target and
 # strategy), MEMORY_ATTEMPTS (8 per memory run), MEMORY_RUN_S (120: the most one memory run may take),
@@ -23,10 +23,10 @@
 # run's final best is the best of the same number of attempts.
 #
 # Writes to $OUT: strategies/{report.md, report.json, problems.csv, PNGs} (the suite's report), memory.db (the
-# tuning memory), runs.db.gz (every run: gunzip, then `kloop show RUN --db`), bench.log (everything printed),
+# tuning memory), runs.db.gz (every run: gunzip, then `kloop show RUN --db`), search_memory.log (everything printed),
 # summary.json (the numbers of the table). The table is printed last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 TARGETS=${TARGETS:-vector_add,softmax,layernorm}
 ATTEMPTS=${ATTEMPTS:-6}
@@ -50,13 +50,13 @@ memory_run() {   # TARGET MEMORY-OPTION...: one fixed-budget run, its id appende
 }
 
 main() {
-source bench/gpu_env.sh
+source tests/experiments/gpu_env.sh
 
 echo "== tuning memory: softmax 8192 x 8192, then 4096 x 16384 with and without it, ${MEMORY_ATTEMPTS} attempts each"
 run_ids=()
 memory_run tools/targets/softmax.py --memory "$OUT/memory.db"
-memory_run bench/problems/softmax.py --memory "$OUT/memory.db"
-memory_run bench/problems/softmax.py --no-memory
+memory_run tests/experiments/problems/softmax.py --memory "$OUT/memory.db"
+memory_run tests/experiments/problems/softmax.py --no-memory
 
 left=$(( deadline - $(date +%s) - 30 ))   # 30 s for the report and the table
 limit=$(( left < STRATEGY_BUDGET_S ? left : STRATEGY_BUDGET_S ))
@@ -182,4 +182,4 @@ print(f"goal, with memory <= 1/3 of the attempts without: {verdict(memory_goal)}
 PY
 }
 
-main 2>&1 | tee "$OUT/bench.log"
+main 2>&1 | tee "$OUT/search_memory.log"

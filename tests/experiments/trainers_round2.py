@@ -1,8 +1,8 @@
 """kloop's exports through the trainers themselves, on the committed run databases (issue 37), CPU only, no network.
 
-    python bench/trainers_round2.py --out results/trainers-round2 --db-dir /tmp/dbs [--kernelbench DIR]
+    python tests/experiments/trainers_round2.py --out results/trainers-round2 --db-dir /tmp/dbs [--kernelbench DIR]
 
-Not a test (minutes on 2 cores). --db-dir gets the committed databases unpacked (results/*.db, the .xz suites). Each
+Not a test (minutes on 2 cores). --db-dir gets the committed databases (results/**/*.db.xz) unpacked. Each
 step writes its numbers into OUT/trainers_round2.json:
   exports     every format x --train-on x --all-verdicts on the bench, KernelBench level-1 and level-2 databases:
               rows, max_length, warnings, and that every trained / weighted / label-true turn is a `correct`
@@ -34,13 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent.prompting import export_prompts  # noqa: E402
 from tools.records.export import ExportOptions, export, without_offline_mark  # noqa: E402
 
-SUITES = {"bench": ["bench-h200-part1.db", "bench-h200-part2.db"],
+SUITES = {"bench": ["bench-h200-part1.db.xz", "bench-h200-part2.db.xz"],
           "level1": ["suite-kernelbench-h100x4/level1/suite.db.xz"],
           "level2": ["suite-kernelbench-h100x4/level2/suite.db.xz"]}
 CHAT_FORMATS = ("trl", "openai", "rl", "verl")
@@ -56,11 +56,8 @@ def unpack(db_dir: Path) -> dict[str, list[Path]]:
             source = ROOT / "results" / name
             target = db_dir / name.replace("/", "_").removesuffix(".xz")
             if not target.exists():
-                if source.suffix == ".xz":
-                    with lzma.open(source) as f, open(target, "wb") as g:
-                        shutil.copyfileobj(f, g)
-                else:
-                    shutil.copy(source, target)
+                with lzma.open(source) as f, open(target, "wb") as g:
+                    shutil.copyfileobj(f, g)
             out[suite].append(target)
     return out
 
