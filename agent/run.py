@@ -22,6 +22,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from sandbox import placement
+from sandbox.placement import has_gpu
+from sandbox.seam import EvaluatorSession
 from tools.records.store import Store, gpu_columns
 
 POLICIES = ("offline", "anthropic", "openai", "replay")
@@ -32,8 +35,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "target": None, "language": "auto", "max_attempts": 20, "hours": None, "branches": 1, "target_sol": 0.9,
     "patience": 20, "max_cost_usd": None, "max_tokens": None, "seed_kernel": None, "model": None, "base_url": None,
     "from_run": None, "thinking": None, "effort": None, "max_retries": None, "tools": True,
-    # Where and how wide candidates are evaluated (agent.run.evaluator_session): GPUs ("all", "0,1"; None: this
-    # process's one), Ray ("auto" or an address), parallel planners and attempts in flight per branch (None: auto).
+    # Where and how wide candidates are evaluated (agent.run.evaluator_session, sandbox.placement): GPUs ("all",
+    # "0,1"; None: this process's one), Ray ("auto" or an address), parallel planners and attempts in flight per
+    # branch (None: auto).
     "gpus": None, "ray": None, "planners": None, "pipeline": None,
     # The torch.compile baseline's mode (sandbox.evaluate.COMPILE_MODES); runs made before it was a setting used this one.
     "compile_mode": "max-autotune-no-cudagraphs",
@@ -137,7 +141,10 @@ def check_evaluator(settings: dict) -> None:
         value = settings.get(name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise RunError(f"--{name} must be a whole number of at least 1, got {value!r}")
-    gpu_list(settings.get("gpus"))
+    try:
+        placement.gpu_list(settings.get("gpus"))
+    except placement.PlacementError as e:
+        raise RunError(str(e)) from None
     if settings.get("ray"):
         try:
             import ray  # noqa: F401
@@ -185,12 +192,6 @@ def make_policy(name: str, settings: dict, target, store: Store):
         raise RunError(str(e)) from None
 
 
-def has_gpu() -> bool:
-    from tools.inputs import DEVICE
-
-    return DEVICE.type == "cuda"
-
-
 def gpu_facts() -> dict | None:
     """This machine's GPU facts (the evaluator's `gpu` dict), None without one: read once per run, and written to
     the run only here (start, or run for a run made without them) and by agent.reverify for the run it makes."""
@@ -199,70 +200,7 @@ def gpu_facts() -> dict | None:
     return gpu_info()
 
 
-def spares(settings: dict) -> int:
-    """Planners kept started ahead (each takes seconds: torch, CUDA, Triton) so a candidate rarely waits; a CPU
-    machine has few cores to share."""
-    return min(2 * settings["branches"], 8) if has_gpu() else 1
-
-
-# -- where candidates are evaluated ---------------------------------------------------------------------------------
-
-
-def gpu_list(spec: str | None) -> list[str] | None:
-    """--gpus: "all" or indices ("0,1") of the GPUs this process sees, as CUDA_VISIBLE_DEVICES entries (one device
-    each); None: this process's own device. RunError for a GPU that is not there, or GPUs of different kinds (a
-    plan compiled for one must run on the others)."""
-    chosen = gpu_indices(spec)
-    if chosen is None:
-        return None
-    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return [visible[g] if g < len(visible) else str(g) for g in chosen]
-
-
-def gpu_indices(spec: str | None) -> list[int] | None:
-    """--gpus as indices of the GPUs this process sees (gpu_list's checks); None: this process's own device."""
-    if spec is None:
-        return None
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise RunError("--gpus needs a CUDA GPU and there is none here (leave it out to evaluate on the CPU)")
-    if spec.strip() == "all":
-        chosen = list(range(count))
-    else:
-        try:
-            chosen = [int(x) for x in spec.split(",") if x.strip()]
-        except ValueError:
-            raise RunError(f"--gpus {spec}: give all or GPU indices such as 0,1") from None
-        if not chosen or any(not 0 <= g < count for g in chosen) or len(set(chosen)) != len(chosen):
-            raise RunError(f"--gpus {spec}: this machine has GPUs 0 to {count - 1}; give each at most once")
-    kinds = {(torch.cuda.get_device_properties(g).name, torch.cuda.get_device_capability(g)) for g in chosen}
-    if len(kinds) > 1:
-        raise RunError(f"--gpus {spec}: the GPUs differ ({', '.join(sorted(k[0] for k in kinds))}); give GPUs of one "
-                       "kind (a kernel compiled for one runs on the others)")
-    return chosen
-
-
-def planners_for(settings: dict, devices: int, target=None) -> int:
-    """Candidates planned at once: settings["planners"], else the CPU cores left beside each device's two trusted
-    processes and this one, at most what a PLANNER_MEMORY_SHARE of the GPUs' memory holds (each planner has a CUDA
-    context and the target's inputs on its GPU). A CPU-only machine: one (its device stage needs a core too)."""
-    if settings.get("planners"):
-        return int(settings["planners"])
-    if not has_gpu():
-        return 1
-    import torch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    by_cores = max(1, min(16 * devices, cores - 2 * devices - 1))
-    from sandbox.pipeline import PLANNER_GPU_BYTES, PLANNER_MEMORY_SHARE, planner_bytes
-
-    per_planner = planner_bytes(target) if target is not None else PLANNER_GPU_BYTES
-    per_gpu = int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE // per_planner)
-    return max(1, min(by_cores, per_gpu * devices))
-
-
+# -- where candidates are evaluated (sandbox.placement) -------------------------------------------------------------
 def pipeline_depth(settings: dict, policy: str, planners: int, devices: int) -> int:
     """Attempts in flight per branch: settings["pipeline"], else enough to keep every planner and device busy for
     the offline policy (its proposals cost nothing), and 1 for model policies (each proposal is a model call, which
@@ -274,25 +212,18 @@ def pipeline_depth(settings: dict, policy: str, planners: int, devices: int) -> 
     return max(1, -(-(planners + 2 * devices) // max(1, settings.get("branches") or 1)))
 
 
-def evaluator_session(settings: dict, target=None):
-    """The evaluator a run evaluates in: an `sandbox.evaluate.Session` with one device per GPU of settings["gpus"]
-    (this process's own GPU, or the CPU, when None) and settings["planners"] parallel planners, or with
-    settings["ray"] a `sandbox.ray_backend.RaySession` over a Ray cluster's nodes. Anything that runs several runs
-    (kloop suite) may make one and pass it to `run(..., session=)` for each; RunError for bad settings."""
-    from sandbox.evaluate import COMPILE_MODES, EvalSettings, Session
-
-    evaluation = EvalSettings(compile_mode=settings.get("compile_mode") or COMPILE_MODES[0])
-    if settings.get("ray"):
-        try:
-            from sandbox.ray_backend import RaySession
-        except ImportError as e:
-            raise RunError(f"--ray needs the ray extra ({e.name} is missing): pip install -e '.[ray]'") from None
-        return RaySession(settings["ray"], settings=evaluation, planners=settings.get("planners"))
-    gpus = gpu_list(settings.get("gpus"))
-    devices = len(gpus) if gpus else 1
-    planners = planners_for(settings, devices, target)
-    session = Session(spares=max(spares(settings), planners + (0 if has_gpu() else 1)), settings=evaluation,
-                      gpus=gpus, planners=planners)
+def evaluator_session(settings: dict, target=None) -> EvaluatorSession:
+    """The evaluator a run evaluates in (sandbox.placement): a `sandbox.evaluate.Session` with one device per GPU of
+    settings["gpus"] (this process's own GPU, or the CPU, when None) and settings["planners"] parallel planners, its
+    scratch folder claimed for this process, or with settings["ray"] a `sandbox.ray_backend.RaySession` over a Ray
+    cluster's nodes. Anything that runs several runs (kloop suite, kloop bench) may make one and pass it to
+    `run(..., session=)` for each; RunError for bad settings."""
+    try:
+        if settings.get("ray"):
+            return placement.ray_session(settings)
+        session = placement.local_session(settings, target)
+    except placement.PlacementError as e:
+        raise RunError(str(e)) from None
     claim_scratch(session.directory)
     return session
 
@@ -507,7 +438,8 @@ def _start_time(pid: int) -> str | None:
 
 
 def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: dict | None,
-              on_event: Callable[[dict], None], extend: bool = False, session=None) -> None:
+              on_event: Callable[[dict], None], extend: bool = False,
+              session: EvaluatorSession | None = None) -> None:
     """The loop itself in one evaluator session (a fresh secret seed per session, never stored); the lower level of
     `run`. extend: the run had finished and was given new budgets; its graph starts again from its logged attempts.
     Candidates go to the session's pipeline (Session.submit): planned in parallel, timed one at a time per device,

@@ -74,6 +74,8 @@ def test_lessons_are_searched_judged_retired_and_forgotten(tmp_path):
 
 # -- lessons through a loopback model ------------------------------------------------------------------------------
 class FakeEvaluation:
+    pipelined = False   # stages in the loop's own thread (sandbox.seam.StagedEvaluation)
+
     def __init__(self, source):
         self.source, self.result = source, EvalResult(language="triton")
 
@@ -84,6 +86,9 @@ class FakeEvaluation:
         pass
 
     def adopt_as_best(self, number):
+        pass
+
+    def rejudge(self):  # its pairing with the best is fixed by its source
         pass
 
     def assemble(self):

@@ -143,6 +143,8 @@ def test_every_strategy_is_a_deterministic_function_of_the_attempts_and_the_seed
 class FakeEvaluation:
     """'wrong' sources are incorrect; otherwise the speedup is the source's last number."""
 
+    pipelined = False   # stages in the loop's own thread (sandbox.seam.StagedEvaluation)
+
     def __init__(self, source):
         self.source, self.result = source, EvalResult(language="triton")
 
@@ -153,6 +155,9 @@ class FakeEvaluation:
         pass
 
     def adopt_as_best(self, number):
+        pass
+
+    def rejudge(self):  # its pairing with the best is fixed by its source
         pass
 
     def assemble(self):
