@@ -25,7 +25,7 @@ from typing import Annotated, Any, Callable, TypedDict
 
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.config import get_stream_writer
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send
 
 from agent.diagnose import diagnose
@@ -349,10 +349,27 @@ class RunState(TypedDict):
     stops: Annotated[list[str], operator.add]   # why each lineage ended
 
 
+# Where each node's Command may send a lineage, with why: the graph's edges (nodes route with Send, so LangGraph
+# learns them only from here). `graph.get_graph().draw_mermaid()` draws them: propose (write) -> evaluate (assemble,
+# verify, profile) -> reflect -> commit (log) -> write, a stop rule ending the lineage at write; "redo": the attempt
+# was lost with its process (a resumed checkpoint), and is proposed again.
+ROUTES: dict[str, dict[str, str]] = {
+    "start": {"write": "each branch"},
+    "write": {"assemble": "proposed", "tools": "tool calls", "log": "format error", "write": "model API failed",
+              END: "stop rule"},
+    "tools": {"write": "answers"},
+    "assemble": {"verify": "assembled", "reflect": "failed", "write": "redo"},
+    "verify": {"profile": "correct", "reflect": "failed", "write": "redo"},
+    "profile": {"reflect": "timed", "write": "redo"},
+    "reflect": {"log": "reflected", "write": "redo"},
+    "log": {"write": "next attempt"},
+}
+
+
 def build_graph(loop: Loop) -> StateGraph:
     graph = StateGraph(RunState)
-    for name in ("start", "write", "tools", "assemble", "verify", "profile", "reflect", "log"):
-        graph.add_node(name, getattr(loop, name))
+    for name, destinations in ROUTES.items():
+        graph.add_node(name, getattr(loop, name), destinations=destinations)
     graph.add_edge(START, "start")
     return graph
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.graph import Loop, LoopSettings, run_loop
+from agent.graph import Loop, LoopSettings, build_graph, run_loop
 from agent.policy import Message, Proposal
 from tools.result import EvalResult, Roofline, Timing, VsBest
 from tools.records.store import best_after, fastest_key, open_db
@@ -113,6 +113,28 @@ def go(store, policy, **settings):
     events = []
     status = run_loop(make_loop(store, run_id, policy, **settings), Path(f"{store.path}.checkpoints"), events.append)
     return run_id, status, events
+
+
+def test_the_graph_draws_the_loop_with_its_stop_rule():
+    """propose (write) -> evaluate (assemble, verify, profile) -> reflect -> commit (log) -> write; a failed stage
+    goes to reflect, a stop rule ends the lineage at write, a lost attempt is proposed again."""
+    import re
+
+    loop = Loop(store=None, run_id="r", policy=None, evaluation=FakeEvaluation, settings=LoopSettings(),
+                target_name="fake", target_source="")
+    drawn = build_graph(loop).compile().get_graph().draw_mermaid()
+    edges = set(re.findall(r"(\w+) -\. &nbsp;(.+?)&nbsp; \.-> (\w+);", drawn))
+    assert "__start__ --> start;" in drawn
+    assert edges == {
+        ("start", "each branch", "write"),
+        ("write", "proposed", "assemble"), ("write", "tool calls", "tools"), ("write", "format error", "log"),
+        ("write", "model API failed", "write"), ("write", "stop rule", "__end__"),
+        ("tools", "answers", "write"),
+        ("assemble", "assembled", "verify"), ("verify", "correct", "profile"), ("profile", "timed", "reflect"),
+        ("assemble", "failed", "reflect"), ("verify", "failed", "reflect"),
+        ("reflect", "reflected", "log"), ("log", "next attempt", "write"),
+        *{(stage, "redo", "write") for stage in ("assemble", "verify", "profile", "reflect")},
+    }
 
 
 def test_the_evaluators_are_what_the_seam_declares():
