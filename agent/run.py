@@ -41,6 +41,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "gpus": None, "ray": None, "planners": None, "pipeline": None,
     # The torch.compile baseline's mode (sandbox.evaluate.COMPILE_MODES); runs made before it was a setting used this one.
     "compile_mode": "max-autotune-no-cudagraphs",
+    # The memory file across runs (agent/learn.py): read by `start`, written by `run` once the loop ends; None: neither.
+    # `kloop optimize` names one (runs/memory.db beside --db); a suite, bench and this API leave it off by default,
+    # so their runs' results do not depend on what earlier runs left there (docs/design.md, Runs).
+    "memory": None,
 }
 
 
@@ -110,6 +114,7 @@ def check_settings(policy: str, settings: dict) -> None:
     """Refuse what cannot make a useful run, before anything is loaded or created."""
     if policy not in POLICIES:
         raise RunError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+    check_strategy(settings.get("strategy") or "refine")
     if settings["language"] not in LANGUAGES:
         raise RunError(f"unknown language {settings['language']!r} (one of {', '.join(LANGUAGES)})")
     if settings["seed_kernel"] is not None and not Path(settings["seed_kernel"]).is_file():
@@ -127,6 +132,15 @@ def check_settings(policy: str, settings: dict) -> None:
     if settings["language"] == "ptx" and not has_gpu():
         raise RunError("--language ptx needs a CUDA GPU: without one PTX is assembled but not run, so no attempt "
                        "could be verified or ranked (use --language triton or auto)")
+
+
+def check_strategy(name: str) -> None:
+    """A search strategy's name (agent/strategies), checked here only: every entry point's settings pass through
+    check_settings, and a suite names its strategies through this before it makes any settings."""
+    from agent.strategies import STRATEGIES
+
+    if name not in STRATEGIES:
+        raise RunError(f"unknown strategy {name!r} (one of {', '.join(STRATEGIES)})")
 
 
 def check_evaluator(settings: dict) -> None:
@@ -328,10 +342,15 @@ def loop_settings(settings: dict, pipeline: int | None = None):
 
 # -- start, resume, run ---------------------------------------------------------------------------------------------
 def start(store: Store, policy: str, settings: dict, target=None, **columns: Any) -> Run:
-    """Check the settings, load the target (unless given, already loaded), make the policy and create the run.
-    columns: more runs columns (parent_run_id, notes, ...). RunError before anything is written."""
+    """Check the settings, load the target (unless given, already loaded), read memory (settings["memory"]: what it
+    remembers for this target goes into the settings, so a resume is shown the same), make the policy and create
+    the run. columns: more runs columns (parent_run_id, notes, ...). RunError before anything is written."""
+    from agent.learn import prepare
+
     check_settings(policy, settings)
     target = target if target is not None else load_target(settings["target"])
+    gpu = gpu_facts()
+    settings = {**settings, **prepare(settings, target, policy, gpu)}
     policy_obj = make_policy(policy, settings, target, store)
     # pinned: a resumed run keeps its model, and the offline policy's generated starter (policy.pinned)
     settings = {**settings, "model": policy_obj.model or None, **getattr(policy_obj, "pinned", {})}
@@ -339,8 +358,31 @@ def start(store: Store, policy: str, settings: dict, target=None, **columns: Any
     run_id = store.create_run(target_name=target.name, target_source=target.source, target_sha256=target.sha256,
                               policy=policy, model=policy_obj.model, settings=settings,
                               **({"parent_run_id": from_run, "parent_kind": "replay-policy"} if from_run else {}),
-                              **gpu_columns(gpu_facts()), **columns)
+                              **gpu_columns(gpu), **columns)
     return Run(store, run_id, policy, settings, target, policy_obj)
+
+
+def start_in(db: Path, policy: str, settings: dict, target=None, **columns: Any) -> Run:
+    """`start` in the run database at `db`, made if missing. The settings and the target are checked before the file
+    is made, and a database made here is removed again if the start is still refused (no API key, no starter
+    kernel): a refused command leaves nothing behind. RunError, one line."""
+    from tools.records.store import StoreError, open_db
+
+    check_settings(policy, settings)
+    target = target if target is not None else load_target(settings["target"])
+    made = not Path(db).exists()
+    try:
+        store = open_db(db)
+    except StoreError as e:
+        raise RunError(str(e)) from None
+    try:
+        return start(store, policy, settings, target=target, **columns)
+    except RunError:
+        store.close()
+        if made:
+            for leftover in (Path(db), Path(f"{db}-wal"), Path(f"{db}-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
 
 
 def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: float | None = None,
@@ -385,12 +427,15 @@ def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: fl
                previous_status=row["status"], attempts_before=progress["attempts"])
 
 
-def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=None) -> dict | None:
-    """Run the loop to a stop rule and return the run's best verified attempt (a row of the attempts table), or
-    None. Events: the graph's (stage, attempt, api_error, stop) and {"kind": "warning", "message"}. Ctrl-C marks the
-    run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed.
-    session: an evaluator to run in (`evaluator_session`; kept warm across runs by its maker, as a suite does),
-    else one of its own."""
+def run(r: Run, on_event: Callable[[dict], None] = lambda event: None,
+        session: EvaluatorSession | None = None) -> dict | None:
+    """Run the loop to a stop rule, keep what it taught in memory (settings["memory"]), and return the run's best
+    verified attempt (a row of the attempts table), or None. Events: the graph's (stage, attempt, api_error, stop),
+    {"kind": "warning", "message"} and, after the loop, {"kind": "memory", "message"} per thing kept. Ctrl-C marks
+    the run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed
+    (memory is written only after a loop that ended by a stop rule). session: an evaluator to run in
+    (`evaluator_session`; kept warm across runs by its maker, as a suite does), else one of its own."""
+    from agent.learn import after_run
     from agent.policy import PolicyError
     from tools.records.store import StoreError
     from tools.target import TargetError
@@ -405,6 +450,8 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=N
         run_graph(r.store, r.id, r.settings, r.target, r.policy, gpu, on_event, extend=r.extend, session=session)
     except (TargetError, PolicyError, StoreError) as e:
         raise RunFailed(r.id, str(e)) from e
+    for line in after_run(r.store, r.id, r.policy, r.settings, r.target):
+        on_event({"kind": "memory", "message": line})
     return r.store.best_attempt(r.id)
 
 

@@ -100,11 +100,13 @@ class SuitePlan:
             raise SuiteError(f"--minutes-per-problem must be more than 0, got {self.minutes:g}")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise SuiteError(f"--max-attempts must be at least 1, got {self.max_attempts}")
-        from agent.strategies import STRATEGIES
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
-        if unknown or not self.strategies:
-            raise SuiteError(f"unknown strategy {unknown[0]!r} (one of {', '.join(STRATEGIES)})" if unknown
-                             else "--strategy names no strategy")
+        if not self.strategies:
+            raise SuiteError("--strategy names no strategy")
+        for strategy in self.strategies:
+            try:
+                runs.check_strategy(strategy)
+            except runs.RunError as e:
+                raise SuiteError(str(e)) from None
         if len(set(self.strategies)) != len(self.strategies):
             raise SuiteError(f"--strategy repeats a strategy: {','.join(self.strategies)}")
         if self.jobs < 1:

@@ -341,3 +341,13 @@ def test_evolve_progress_lines_name_the_parent_island_and_cell(store):
     pick = picks[later]
     assert lines[later].startswith(f"#{later + 1} (branch 0, from #{pick['parent']} island {pick['island']}"
                                    + (f" cell {pick['cell']})" if pick["cell"] else ")"))
+
+
+def test_the_run_settings_check_refuses_an_unknown_strategy_for_every_entry_point():
+    from agent import run as runs
+
+    with pytest.raises(runs.RunError, match=r"^unknown strategy 'greedy' \(one of refine, best-of-n, metr, evolve\)$"):
+        runs.check_settings("offline", runs.settings_for("vector_add", **runs.strategy_settings("greedy")))
+    for name in STRATEGIES:
+        runs.check_settings("offline", runs.settings_for("vector_add", **runs.strategy_settings(name)))
+    runs.check_settings("offline", runs.settings_for("vector_add"))   # a run made before strategies: refine
