@@ -58,10 +58,8 @@ def optimize_command(
     compile_mode: str = typer.Option("max-autotune-no-cudagraphs", metavar="MODE", rich_help_panel=EVALUATOR, help="torch.compile mode of the compile baseline: max-autotune-no-cudagraphs or default."),
 ) -> None:
     """Optimize one target's kernel: write, assemble, verify, profile, reflect, log; repeat until a stop rule."""
-    from tools.records.store import StoreError, open_db
-
     policy = policy or runs.default_policy()
-    _check_early(policy, strategy, base_url, model)
+    _check_early(policy, base_url, model)
     settings = runs.settings_for(
         target, language=language, max_attempts=max_attempts, hours=hours, branches=branches, target_sol=target_sol,
         patience=patience, max_cost_usd=max_cost, max_tokens=max_tokens, seed_kernel=seed_kernel, model=model,
@@ -70,38 +68,18 @@ def optimize_command(
         memory=None if no_memory else str((memory or _default_memory(db)).resolve()),
         gpus=gpus, ray=ray, planners=planners, pipeline=pipeline, compile_mode=compile_mode)
     try:
-        runs.check_settings(policy, settings)
-        tgt = runs.load_target(target)
+        run = runs.start_in(db, policy, settings)
     except RunError as e:
         fail(str(e))
-    from agent.learn import prepare
-    settings.update(prepare(settings, tgt, policy, runs.gpu_facts()))
-    new_db = not db.exists()
-    try:
-        store = open_db(db)
-    except StoreError as e:
-        fail(str(e))
-    try:
-        run = runs.start(store, policy, settings, target=tgt)
-    except RunError as e:  # refused (no API key, no starter kernels): a database made just now is removed again
-        if new_db:
-            store.close()
-            for leftover in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
-                leftover.unlink(missing_ok=True)
-        fail(str(e))
-    console.print(f"run [bold]{run.id}[/] in {db}: {tgt.name} with the {policy} policy "
+    console.print(f"run [bold]{run.id}[/] in {db}: {run.target.name} with the {policy} policy "
                   f"(resume with `kloop resume {run.id} --db {db}`)", highlight=False)
     _run(run)
 
 
-def _check_early(policy: str, strategy: str, base_url: str | None, model: str | None) -> None:
+def _check_early(policy: str, base_url: str | None, model: str | None) -> None:
     """What a typo or a missing key gets wrong, refused at once: the rest of the checks import torch (seconds)."""
     import os
 
-    from agent.strategies import STRATEGIES
-
-    if strategy not in STRATEGIES:
-        fail(f"unknown strategy {strategy!r} (one of {', '.join(STRATEGIES)})")
     if policy not in runs.POLICIES:
         fail(f"unknown policy {policy!r} (one of {', '.join(runs.POLICIES)})")
     if policy == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
@@ -371,8 +349,9 @@ def _print_diff(old: dict | None, new: dict) -> None:
 
 # -- shared -----------------------------------------------------------------------------------------------------
 def _run(run) -> None:
-    """Run it with a spinner and one line per attempt, then where the best kernel was written; Ctrl-C says how to
-    resume. Exit status 1 when no attempt was verified correct (as `kloop eval` on a failing kernel)."""
+    """Run it with a spinner and one line per attempt (and per thing memory kept), then where the best kernel was
+    written; Ctrl-C says how to resume. Exit status 1 when no attempt was verified correct (as `kloop eval` on a
+    failing kernel)."""
     progress = ProgressView(run.settings["max_attempts"], console)
     try:
         with console.status("starting", spinner="dots") as status:
@@ -385,9 +364,6 @@ def _run(run) -> None:
         fail(f"{e} (run {run.id} failed; `kloop resume {run.id} --db {run.store.path}` retries)")
     row = run.store.get_run(run.id)
     console.print(f"run {run.id} finished: {row['notes']}", highlight=False, markup=False)
-    from agent.learn import after_run
-    for line in after_run(run.store, run.id, run.policy, run.settings, run.target):
-        console.print(line, highlight=False)
     if not _print_best(run.store, run.id):
         raise typer.Exit(1)
 

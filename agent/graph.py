@@ -25,13 +25,14 @@ from typing import Annotated, Any, Callable, TypedDict
 
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.config import get_stream_writer
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send
 
 from agent.diagnose import diagnose
 from agent.output import duration, plural
 from agent.policy import AttemptView, Message, Policy, PolicyError, Proposal, ProposeContext
 from agent.strategies import cell_of_result, choose
+from sandbox.seam import StagedEvaluation
 from tools.result import FAILED, EvalResult
 from tools.records.store import Store, attempt_columns, now, takes_the_lead
 
@@ -77,7 +78,7 @@ class Live:
     messages: list[Message] = field(default_factory=list)
     tool_results: list[dict] = field(default_factory=list)
     tool_rounds: int = 0
-    evaluation: Any = None              # the evaluator's staged session (a context manager), entered at assemble
+    evaluation: StagedEvaluation | None = None   # the candidate's evaluation, entered when it is proposed
     result: EvalResult = field(default_factory=EvalResult)
     diagnosis: str = ""
     reflection: str = ""
@@ -89,7 +90,7 @@ class Loop:
     store: Store
     run_id: str
     policy: Policy
-    evaluation: Callable[[str], Any]        # source -> staged Evaluation (assemble/verify/profile/result/adopt_as_best)
+    evaluation: Callable[[str], StagedEvaluation]   # source -> its evaluation (EvaluatorSession.submit)
     settings: LoopSettings
     target_name: str
     target_source: str
@@ -199,13 +200,13 @@ class Loop:
         return Command(goto=Send("write", lineage))
 
     def assemble(self, lineage: dict) -> Command:
-        return self.stage(lineage, "assemble", "verify")
+        return self.stage(lineage, "assemble", "verify", lambda evaluation: evaluation.assemble())
 
     def verify(self, lineage: dict) -> Command:
-        return self.stage(lineage, "verify", "profile")
+        return self.stage(lineage, "verify", "profile", lambda evaluation: evaluation.verify())
 
     def profile(self, lineage: dict) -> Command:
-        return self.stage(lineage, "profile", "reflect")
+        return self.stage(lineage, "profile", "reflect", lambda evaluation: evaluation.profile())
 
     def reflect(self, lineage: dict) -> Command:
         live = self.live.get(lineage["key"])
@@ -240,8 +241,8 @@ class Loop:
         return Command(goto=Send("write", {"branch": lineage["branch"], "key": ""}))
 
     # -- helpers -----------------------------------------------------------------------------------------------
-    def stage(self, lineage: dict, name: str, after: str) -> Command:
-        """Run one evaluator stage; a failed verdict skips straight to reflect."""
+    def stage(self, lineage: dict, name: str, after: str, call: Callable[[StagedEvaluation], Any]) -> Command:
+        """Run one evaluator stage (`call`); a failed verdict skips straight to reflect."""
         live = self.live.get(lineage["key"])
         if live is None:
             return redo(lineage)
@@ -249,9 +250,8 @@ class Loop:
         if live.evaluation is None:
             live.evaluation = self.evaluation(live.proposal.source)
             live.evaluation.__enter__()
-        pipelined = getattr(live.evaluation, "pipelined", False)
-        with contextlib.nullcontext() if name == "assemble" or pipelined else self.measuring:
-            getattr(live.evaluation, name)()
+        with contextlib.nullcontext() if name == "assemble" or live.evaluation.pipelined else self.measuring:
+            call(live.evaluation)
         live.result = live.evaluation.result
         return Command(goto=Send("reflect" if live.result.verdict in FAILED else after, lineage))
 
@@ -315,7 +315,7 @@ class Loop:
         """One transaction: the attempt, its messages, the run's best and (first time seen) its machine facts."""
         proposal = live.proposal
         best = self.store.best_attempt(self.run_id)
-        if needs_rejudging(live.result, best) and hasattr(live.evaluation, "rejudge"):
+        if needs_rejudging(live.result, best):
             live.evaluation.rejudge()  # paired against the best as it stands now, not the one it was timed beside
         r = live.result
         new_best = takes_the_lead(r, best)
@@ -349,10 +349,27 @@ class RunState(TypedDict):
     stops: Annotated[list[str], operator.add]   # why each lineage ended
 
 
+# Where each node's Command may send a lineage, with why: the graph's edges (nodes route with Send, so LangGraph
+# learns them only from here). `graph.get_graph().draw_mermaid()` draws them: propose (write) -> evaluate (assemble,
+# verify, profile) -> reflect -> commit (log) -> write, a stop rule ending the lineage at write; "redo": the attempt
+# was lost with its process (a resumed checkpoint), and is proposed again.
+ROUTES: dict[str, dict[str, str]] = {
+    "start": {"write": "each branch"},
+    "write": {"assemble": "proposed", "tools": "tool calls", "log": "format error", "write": "model API failed",
+              END: "stop rule"},
+    "tools": {"write": "answers"},
+    "assemble": {"verify": "assembled", "reflect": "failed", "write": "redo"},
+    "verify": {"profile": "correct", "reflect": "failed", "write": "redo"},
+    "profile": {"reflect": "timed", "write": "redo"},
+    "reflect": {"log": "reflected", "write": "redo"},
+    "log": {"write": "next attempt"},
+}
+
+
 def build_graph(loop: Loop) -> StateGraph:
     graph = StateGraph(RunState)
-    for name in ("start", "write", "tools", "assemble", "verify", "profile", "reflect", "log"):
-        graph.add_node(name, getattr(loop, name))
+    for name, destinations in ROUTES.items():
+        graph.add_node(name, getattr(loop, name), destinations=destinations)
     graph.add_edge(START, "start")
     return graph
 

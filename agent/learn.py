@@ -1,8 +1,10 @@
 """Memory across runs, around one run: what it is given before it starts, and what is kept after it ends.
 
-    extra = prepare(settings, target, gpu)      # before the policy is made: settings.update(extra)
+    extra = prepare(settings, target, policy, gpu)   # before the policy is made: settings.update(extra)
     ... the run ...
     lines = after_run(store, run_id, policy, settings)
+
+agent.run calls both, for every entry point (`start` and `run`), when the run's settings name a memory file.
 
 Before: the offline policy gets the remembered tunables of its templates (tuning memory, nearest shape bucket on
 this GPU); a model policy gets the top-k lessons for the target's features (FTS5). Both are stored in the run's

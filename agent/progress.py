@@ -16,7 +16,7 @@ from agent.output import duration, plural
 class ProgressView:
     """Renders the loop's events: the current stage on a spinner (`status`, set while one is shown), one line per
     attempt (with the strategy's pick when it is not refine's "the run's best", attempts n/N, time spent and an
-    estimate of the time left), API errors, stops and warnings."""
+    estimate of the time left), API errors, stops, warnings and what memory kept."""
 
     def __init__(self, max_attempts: int, console: Console, clock=time.monotonic):
         self.max_attempts = max_attempts
@@ -54,6 +54,8 @@ class ProgressView:
             print_line(f"branch {event['branch']} stops: {event['reason']}")
         elif event["kind"] == "warning":
             print_line(f"warning: {escape(event['message'])}")
+        elif event["kind"] == "memory":   # what the run kept for later runs (agent.learn.after_run)
+            print_line(escape(event["message"]))
 
     def budget_line(self, problem: str, p: dict, left: dict) -> str:
         """`5/20 attempts, 42 s elapsed, ~2 min left; $0.40 left`: the attempt budget as n/N, the wall time this

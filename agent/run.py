@@ -22,6 +22,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from sandbox import placement
+from sandbox.placement import has_gpu
+from sandbox.seam import EvaluatorSession
 from tools.records.store import Store, gpu_columns
 
 POLICIES = ("offline", "anthropic", "openai", "replay")
@@ -32,11 +35,16 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "target": None, "language": "auto", "max_attempts": 20, "hours": None, "branches": 1, "target_sol": 0.9,
     "patience": 20, "max_cost_usd": None, "max_tokens": None, "seed_kernel": None, "model": None, "base_url": None,
     "from_run": None, "thinking": None, "effort": None, "max_retries": None, "tools": True,
-    # Where and how wide candidates are evaluated (agent.run.evaluator_session): GPUs ("all", "0,1"; None: this
-    # process's one), Ray ("auto" or an address), parallel planners and attempts in flight per branch (None: auto).
+    # Where and how wide candidates are evaluated (agent.run.evaluator_session, sandbox.placement): GPUs ("all",
+    # "0,1"; None: this process's one), Ray ("auto" or an address), parallel planners and attempts in flight per
+    # branch (None: auto).
     "gpus": None, "ray": None, "planners": None, "pipeline": None,
     # The torch.compile baseline's mode (sandbox.evaluate.COMPILE_MODES); runs made before it was a setting used this one.
     "compile_mode": "max-autotune-no-cudagraphs",
+    # The memory file across runs (agent/learn.py): read by `start`, written by `run` once the loop ends; None: neither.
+    # `kloop optimize` names one (runs/memory.db beside --db); a suite, bench and this API leave it off by default,
+    # so their runs' results do not depend on what earlier runs left there (docs/design.md, Runs).
+    "memory": None,
 }
 
 
@@ -106,6 +114,7 @@ def check_settings(policy: str, settings: dict) -> None:
     """Refuse what cannot make a useful run, before anything is loaded or created."""
     if policy not in POLICIES:
         raise RunError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+    check_strategy(settings.get("strategy") or "refine")
     if settings["language"] not in LANGUAGES:
         raise RunError(f"unknown language {settings['language']!r} (one of {', '.join(LANGUAGES)})")
     if settings["seed_kernel"] is not None and not Path(settings["seed_kernel"]).is_file():
@@ -125,6 +134,15 @@ def check_settings(policy: str, settings: dict) -> None:
                        "could be verified or ranked (use --language triton or auto)")
 
 
+def check_strategy(name: str) -> None:
+    """A search strategy's name (agent/strategies), checked here only: every entry point's settings pass through
+    check_settings, and a suite names its strategies through this before it makes any settings."""
+    from agent.strategies import STRATEGIES
+
+    if name not in STRATEGIES:
+        raise RunError(f"unknown strategy {name!r} (one of {', '.join(STRATEGIES)})")
+
+
 def check_evaluator(settings: dict) -> None:
     """--gpus, --ray, --planners, --pipeline and --compile-mode, checked before anything is created."""
     from sandbox.evaluate import COMPILE_MODES
@@ -137,7 +155,10 @@ def check_evaluator(settings: dict) -> None:
         value = settings.get(name)
         if value is not None and (not isinstance(value, int) or value < 1):
             raise RunError(f"--{name} must be a whole number of at least 1, got {value!r}")
-    gpu_list(settings.get("gpus"))
+    try:
+        placement.gpu_list(settings.get("gpus"))
+    except placement.PlacementError as e:
+        raise RunError(str(e)) from None
     if settings.get("ray"):
         try:
             import ray  # noqa: F401
@@ -185,12 +206,6 @@ def make_policy(name: str, settings: dict, target, store: Store):
         raise RunError(str(e)) from None
 
 
-def has_gpu() -> bool:
-    from tools.inputs import DEVICE
-
-    return DEVICE.type == "cuda"
-
-
 def gpu_facts() -> dict | None:
     """This machine's GPU facts (the evaluator's `gpu` dict), None without one: read once per run, and written to
     the run only here (start, or run for a run made without them) and by agent.reverify for the run it makes."""
@@ -199,70 +214,7 @@ def gpu_facts() -> dict | None:
     return gpu_info()
 
 
-def spares(settings: dict) -> int:
-    """Planners kept started ahead (each takes seconds: torch, CUDA, Triton) so a candidate rarely waits; a CPU
-    machine has few cores to share."""
-    return min(2 * settings["branches"], 8) if has_gpu() else 1
-
-
-# -- where candidates are evaluated ---------------------------------------------------------------------------------
-
-
-def gpu_list(spec: str | None) -> list[str] | None:
-    """--gpus: "all" or indices ("0,1") of the GPUs this process sees, as CUDA_VISIBLE_DEVICES entries (one device
-    each); None: this process's own device. RunError for a GPU that is not there, or GPUs of different kinds (a
-    plan compiled for one must run on the others)."""
-    chosen = gpu_indices(spec)
-    if chosen is None:
-        return None
-    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return [visible[g] if g < len(visible) else str(g) for g in chosen]
-
-
-def gpu_indices(spec: str | None) -> list[int] | None:
-    """--gpus as indices of the GPUs this process sees (gpu_list's checks); None: this process's own device."""
-    if spec is None:
-        return None
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise RunError("--gpus needs a CUDA GPU and there is none here (leave it out to evaluate on the CPU)")
-    if spec.strip() == "all":
-        chosen = list(range(count))
-    else:
-        try:
-            chosen = [int(x) for x in spec.split(",") if x.strip()]
-        except ValueError:
-            raise RunError(f"--gpus {spec}: give all or GPU indices such as 0,1") from None
-        if not chosen or any(not 0 <= g < count for g in chosen) or len(set(chosen)) != len(chosen):
-            raise RunError(f"--gpus {spec}: this machine has GPUs 0 to {count - 1}; give each at most once")
-    kinds = {(torch.cuda.get_device_properties(g).name, torch.cuda.get_device_capability(g)) for g in chosen}
-    if len(kinds) > 1:
-        raise RunError(f"--gpus {spec}: the GPUs differ ({', '.join(sorted(k[0] for k in kinds))}); give GPUs of one "
-                       "kind (a kernel compiled for one runs on the others)")
-    return chosen
-
-
-def planners_for(settings: dict, devices: int, target=None) -> int:
-    """Candidates planned at once: settings["planners"], else the CPU cores left beside each device's two trusted
-    processes and this one, at most what a PLANNER_MEMORY_SHARE of the GPUs' memory holds (each planner has a CUDA
-    context and the target's inputs on its GPU). A CPU-only machine: one (its device stage needs a core too)."""
-    if settings.get("planners"):
-        return int(settings["planners"])
-    if not has_gpu():
-        return 1
-    import torch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    by_cores = max(1, min(16 * devices, cores - 2 * devices - 1))
-    from sandbox.pipeline import PLANNER_GPU_BYTES, PLANNER_MEMORY_SHARE, planner_bytes
-
-    per_planner = planner_bytes(target) if target is not None else PLANNER_GPU_BYTES
-    per_gpu = int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE // per_planner)
-    return max(1, min(by_cores, per_gpu * devices))
-
-
+# -- where candidates are evaluated (sandbox.placement) -------------------------------------------------------------
 def pipeline_depth(settings: dict, policy: str, planners: int, devices: int) -> int:
     """Attempts in flight per branch: settings["pipeline"], else enough to keep every planner and device busy for
     the offline policy (its proposals cost nothing), and 1 for model policies (each proposal is a model call, which
@@ -274,25 +226,18 @@ def pipeline_depth(settings: dict, policy: str, planners: int, devices: int) -> 
     return max(1, -(-(planners + 2 * devices) // max(1, settings.get("branches") or 1)))
 
 
-def evaluator_session(settings: dict, target=None):
-    """The evaluator a run evaluates in: an `sandbox.evaluate.Session` with one device per GPU of settings["gpus"]
-    (this process's own GPU, or the CPU, when None) and settings["planners"] parallel planners, or with
-    settings["ray"] a `sandbox.ray_backend.RaySession` over a Ray cluster's nodes. Anything that runs several runs
-    (kloop suite) may make one and pass it to `run(..., session=)` for each; RunError for bad settings."""
-    from sandbox.evaluate import COMPILE_MODES, EvalSettings, Session
-
-    evaluation = EvalSettings(compile_mode=settings.get("compile_mode") or COMPILE_MODES[0])
-    if settings.get("ray"):
-        try:
-            from sandbox.ray_backend import RaySession
-        except ImportError as e:
-            raise RunError(f"--ray needs the ray extra ({e.name} is missing): pip install -e '.[ray]'") from None
-        return RaySession(settings["ray"], settings=evaluation, planners=settings.get("planners"))
-    gpus = gpu_list(settings.get("gpus"))
-    devices = len(gpus) if gpus else 1
-    planners = planners_for(settings, devices, target)
-    session = Session(spares=max(spares(settings), planners + (0 if has_gpu() else 1)), settings=evaluation,
-                      gpus=gpus, planners=planners)
+def evaluator_session(settings: dict, target=None) -> EvaluatorSession:
+    """The evaluator a run evaluates in (sandbox.placement): a `sandbox.evaluate.Session` with one device per GPU of
+    settings["gpus"] (this process's own GPU, or the CPU, when None) and settings["planners"] parallel planners, its
+    scratch folder claimed for this process, or with settings["ray"] a `sandbox.ray_backend.RaySession` over a Ray
+    cluster's nodes. Anything that runs several runs (kloop suite, kloop bench) may make one and pass it to
+    `run(..., session=)` for each; RunError for bad settings."""
+    try:
+        if settings.get("ray"):
+            return placement.ray_session(settings)
+        session = placement.local_session(settings, target)
+    except placement.PlacementError as e:
+        raise RunError(str(e)) from None
     claim_scratch(session.directory)
     return session
 
@@ -397,10 +342,15 @@ def loop_settings(settings: dict, pipeline: int | None = None):
 
 # -- start, resume, run ---------------------------------------------------------------------------------------------
 def start(store: Store, policy: str, settings: dict, target=None, **columns: Any) -> Run:
-    """Check the settings, load the target (unless given, already loaded), make the policy and create the run.
-    columns: more runs columns (parent_run_id, notes, ...). RunError before anything is written."""
+    """Check the settings, load the target (unless given, already loaded), read memory (settings["memory"]: what it
+    remembers for this target goes into the settings, so a resume is shown the same), make the policy and create
+    the run. columns: more runs columns (parent_run_id, notes, ...). RunError before anything is written."""
+    from agent.learn import prepare
+
     check_settings(policy, settings)
     target = target if target is not None else load_target(settings["target"])
+    gpu = gpu_facts()
+    settings = {**settings, **prepare(settings, target, policy, gpu)}
     policy_obj = make_policy(policy, settings, target, store)
     # pinned: a resumed run keeps its model, and the offline policy's generated starter (policy.pinned)
     settings = {**settings, "model": policy_obj.model or None, **getattr(policy_obj, "pinned", {})}
@@ -408,8 +358,31 @@ def start(store: Store, policy: str, settings: dict, target=None, **columns: Any
     run_id = store.create_run(target_name=target.name, target_source=target.source, target_sha256=target.sha256,
                               policy=policy, model=policy_obj.model, settings=settings,
                               **({"parent_run_id": from_run, "parent_kind": "replay-policy"} if from_run else {}),
-                              **gpu_columns(gpu_facts()), **columns)
+                              **gpu_columns(gpu), **columns)
     return Run(store, run_id, policy, settings, target, policy_obj)
+
+
+def start_in(db: Path, policy: str, settings: dict, target=None, **columns: Any) -> Run:
+    """`start` in the run database at `db`, made if missing. The settings and the target are checked before the file
+    is made, and a database made here is removed again if the start is still refused (no API key, no starter
+    kernel): a refused command leaves nothing behind. RunError, one line."""
+    from tools.records.store import StoreError, open_db
+
+    check_settings(policy, settings)
+    target = target if target is not None else load_target(settings["target"])
+    made = not Path(db).exists()
+    try:
+        store = open_db(db)
+    except StoreError as e:
+        raise RunError(str(e)) from None
+    try:
+        return start(store, policy, settings, target=target, **columns)
+    except RunError:
+        store.close()
+        if made:
+            for leftover in (Path(db), Path(f"{db}-wal"), Path(f"{db}-shm")):
+                leftover.unlink(missing_ok=True)
+        raise
 
 
 def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: float | None = None,
@@ -454,12 +427,15 @@ def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: fl
                previous_status=row["status"], attempts_before=progress["attempts"])
 
 
-def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=None) -> dict | None:
-    """Run the loop to a stop rule and return the run's best verified attempt (a row of the attempts table), or
-    None. Events: the graph's (stage, attempt, api_error, stop) and {"kind": "warning", "message"}. Ctrl-C marks the
-    run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed.
-    session: an evaluator to run in (`evaluator_session`; kept warm across runs by its maker, as a suite does),
-    else one of its own."""
+def run(r: Run, on_event: Callable[[dict], None] = lambda event: None,
+        session: EvaluatorSession | None = None) -> dict | None:
+    """Run the loop to a stop rule, keep what it taught in memory (settings["memory"]), and return the run's best
+    verified attempt (a row of the attempts table), or None. Events: the graph's (stage, attempt, api_error, stop),
+    {"kind": "warning", "message"} and, after the loop, {"kind": "memory", "message"} per thing kept. Ctrl-C marks
+    the run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed
+    (memory is written only after a loop that ended by a stop rule). session: an evaluator to run in
+    (`evaluator_session`; kept warm across runs by its maker, as a suite does), else one of its own."""
+    from agent.learn import after_run
     from agent.policy import PolicyError
     from tools.records.store import StoreError
     from tools.target import TargetError
@@ -474,6 +450,8 @@ def run(r: Run, on_event: Callable[[dict], None] = lambda event: None, session=N
         run_graph(r.store, r.id, r.settings, r.target, r.policy, gpu, on_event, extend=r.extend, session=session)
     except (TargetError, PolicyError, StoreError) as e:
         raise RunFailed(r.id, str(e)) from e
+    for line in after_run(r.store, r.id, r.policy, r.settings, r.target):
+        on_event({"kind": "memory", "message": line})
     return r.store.best_attempt(r.id)
 
 
@@ -507,7 +485,8 @@ def _start_time(pid: int) -> str | None:
 
 
 def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: dict | None,
-              on_event: Callable[[dict], None], extend: bool = False, session=None) -> None:
+              on_event: Callable[[dict], None], extend: bool = False,
+              session: EvaluatorSession | None = None) -> None:
     """The loop itself in one evaluator session (a fresh secret seed per session, never stored); the lower level of
     `run`. extend: the run had finished and was given new budgets; its graph starts again from its logged attempts.
     Candidates go to the session's pipeline (Session.submit): planned in parallel, timed one at a time per device,

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent import run as runs
+from sandbox import placement
 from tools.records.store import Store, now, open_db
 
 PROBLEMS_TABLE = "suite_problems"
@@ -99,11 +100,13 @@ class SuitePlan:
             raise SuiteError(f"--minutes-per-problem must be more than 0, got {self.minutes:g}")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise SuiteError(f"--max-attempts must be at least 1, got {self.max_attempts}")
-        from agent.strategies import STRATEGIES
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
-        if unknown or not self.strategies:
-            raise SuiteError(f"unknown strategy {unknown[0]!r} (one of {', '.join(STRATEGIES)})" if unknown
-                             else "--strategy names no strategy")
+        if not self.strategies:
+            raise SuiteError("--strategy names no strategy")
+        for strategy in self.strategies:
+            try:
+                runs.check_strategy(strategy)
+            except runs.RunError as e:
+                raise SuiteError(str(e)) from None
         if len(set(self.strategies)) != len(self.strategies):
             raise SuiteError(f"--strategy repeats a strategy: {','.join(self.strategies)}")
         if self.jobs < 1:
@@ -151,7 +154,7 @@ class SuitePlan:
         lanes that would time kernels side by side on one GPU."""
         spec = self.evaluator.get("gpus")
         ray = self.evaluator.get("ray")
-        gpus = runs.gpu_indices(spec) if spec and not ray else None
+        gpus = placement.gpu_indices(spec) if spec and not ray else None
         lanes = self.lanes if self.lanes is not None else len(gpus or [None])
         if lanes == 1:
             return [dict(self.evaluator)]
@@ -163,7 +166,7 @@ class SuitePlan:
                 raise SuiteError(f"--lanes {lanes} with --gpus {spec}: give one lane per GPU ({len(gpus)}), or 1 "
                                  "to spread each problem over them all")
             return [{**self.evaluator, "gpus": str(g)} for g in gpus]
-        if runs.has_gpu():
+        if placement.has_gpu():
             raise SuiteError(f"--lanes {lanes} on one GPU would time kernels side by side: give --gpus with "
                              f"{lanes} GPUs")
         return [dict(self.evaluator) for _ in range(lanes)]
@@ -311,7 +314,7 @@ def device_kind() -> tuple[str, str]:
     Triton at the CPU sizes otherwise."""
     import torch
 
-    return ("cuda" if runs.has_gpu() else "cpu-small"), torch.__version__
+    return ("cuda" if placement.has_gpu() else "cpu-small"), torch.__version__
 
 
 # The modules whose code makes a starter: a starter another version of them made is made again.
@@ -346,7 +349,7 @@ GENERATION_CONTEXT_BYTES = 1 << 30
 def generation_memory(gpu: int | None = None) -> int | None:
     """GPU memory the starter generations may hold at once (on GPU index `gpu`, default this process's); None
     without a GPU."""
-    if not runs.has_gpu():
+    if not placement.has_gpu():
         return None
     import torch
 
@@ -407,7 +410,7 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
     from sandbox.pipeline import MemoryGate
 
     gate = MemoryGate(generation_memory(gpu))
-    visible = None if gpu is None else runs.gpu_list(str(gpu))[0]
+    visible = None if gpu is None else placement.gpu_list(str(gpu))[0]
     give_up = {sha: threading.Event() for sha in todo}
     started: dict[str, float] = {}   # when each generation got its memory and began
 
@@ -491,7 +494,7 @@ def run_suite(store: Store, plan: SuitePlan, on_event: Callable[[dict], None] = 
 def _lane_gpu(evaluator: dict) -> int | None:
     """The GPU a lane with one GPU generates its starters on (None: this process's)."""
     spec = evaluator.get("gpus")
-    gpus = runs.gpu_indices(spec) if spec and not evaluator.get("ray") else None
+    gpus = placement.gpu_indices(spec) if spec and not evaluator.get("ray") else None
     return gpus[0] if gpus and len(gpus) == 1 else None
 
 

@@ -70,6 +70,13 @@ def test_empty_budgets_are_refused_and_nothing_is_created(tmp_path, args, messag
     assert not db.parent.exists()
 
 
+def test_an_unknown_strategy_is_refused_by_the_run_settings_check_and_nothing_is_created(tmp_path):
+    db = tmp_path / "runs" / "k.db"
+    line = one_line_error(cli("optimize", "vector_add", "--policy", "offline", "--strategy", "greedy", "--db", db))
+    assert line == "error: unknown strategy 'greedy' (one of refine, best-of-n, metr, evolve)"
+    assert not db.parent.exists()
+
+
 def test_a_policy_that_cannot_start_leaves_no_database(tmp_path, monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     db = tmp_path / "k.db"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.graph import Loop, LoopSettings, run_loop
+from agent.graph import Loop, LoopSettings, build_graph, run_loop
 from agent.policy import Message, Proposal
 from tools.result import EvalResult, Roofline, Timing, VsBest
 from tools.records.store import best_after, fastest_key, open_db
@@ -23,6 +23,8 @@ class FakeEvaluation:
     incorrect; otherwise the speedup is the number at the end of the source, and a 'tie' only ties with the best in
     the paired re-measurement."""
 
+    pipelined = False   # stages in the loop's own thread (sandbox.seam.StagedEvaluation)
+
     def __init__(self, source: str, delay: float = 0.0):
         self.source, self.delay = source, delay
         self.result = EvalResult(language="triton")
@@ -31,6 +33,9 @@ class FakeEvaluation:
 
     def adopt_as_best(self, number):
         self.adopted = number
+
+    def rejudge(self):  # its pairing with the best is fixed by its source
+        pass
 
     def __enter__(self):
         return self
@@ -108,6 +113,50 @@ def go(store, policy, **settings):
     events = []
     status = run_loop(make_loop(store, run_id, policy, **settings), Path(f"{store.path}.checkpoints"), events.append)
     return run_id, status, events
+
+
+def test_the_graph_draws_the_loop_with_its_stop_rule():
+    """propose (write) -> evaluate (assemble, verify, profile) -> reflect -> commit (log) -> write; a failed stage
+    goes to reflect, a stop rule ends the lineage at write, a lost attempt is proposed again."""
+    import re
+
+    loop = Loop(store=None, run_id="r", policy=None, evaluation=FakeEvaluation, settings=LoopSettings(),
+                target_name="fake", target_source="")
+    drawn = build_graph(loop).compile().get_graph().draw_mermaid()
+    edges = set(re.findall(r"(\w+) -\. &nbsp;(.+?)&nbsp; \.-> (\w+);", drawn))
+    assert "__start__ --> start;" in drawn
+    assert edges == {
+        ("start", "each branch", "write"),
+        ("write", "proposed", "assemble"), ("write", "tool calls", "tools"), ("write", "format error", "log"),
+        ("write", "model API failed", "write"), ("write", "stop rule", "__end__"),
+        ("tools", "answers", "write"),
+        ("assemble", "assembled", "verify"), ("verify", "correct", "profile"), ("profile", "timed", "reflect"),
+        ("assemble", "failed", "reflect"), ("verify", "failed", "reflect"),
+        ("reflect", "reflected", "log"), ("log", "next attempt", "write"),
+        *{(stage, "redo", "write") for stage in ("assemble", "verify", "profile", "reflect")},
+    }
+
+
+def test_the_evaluators_are_what_the_seam_declares():
+    """agent/ is typed against sandbox.seam: the local session, what its submit returns and this file's fake
+    evaluation have every member the loop and the runs use; the Ray session every method (its other members are
+    set when it joins a cluster)."""
+    from types import SimpleNamespace
+
+    from sandbox.evaluate import Session
+    from sandbox.pipeline import Submitted
+    from sandbox.seam import EvaluatorSession, StagedEvaluation
+
+    with Session(spares=0) as session:
+        assert isinstance(session, EvaluatorSession)
+    assert isinstance(Submitted(None, SimpleNamespace(result=EvalResult()), 1), StagedEvaluation)
+    assert isinstance(FakeEvaluation("kernel 1"), StagedEvaluation)
+    assert not isinstance(SimpleNamespace(result=EvalResult(), assemble=print), StagedEvaluation)
+    pytest.importorskip("ray")
+    from sandbox.ray_backend import RaySession
+
+    methods = [name for name, value in vars(EvaluatorSession).items() if callable(value) and not name.startswith("_")]
+    assert methods and all(callable(getattr(RaySession, name, None)) for name in methods)
 
 
 def test_attempts_are_logged_in_order_with_their_messages(store):

@@ -74,6 +74,8 @@ def test_lessons_are_searched_judged_retired_and_forgotten(tmp_path):
 
 # -- lessons through a loopback model ------------------------------------------------------------------------------
 class FakeEvaluation:
+    pipelined = False   # stages in the loop's own thread (sandbox.seam.StagedEvaluation)
+
     def __init__(self, source):
         self.source, self.result = source, EvalResult(language="triton")
 
@@ -84,6 +86,9 @@ class FakeEvaluation:
         pass
 
     def adopt_as_best(self, number):
+        pass
+
+    def rejudge(self):  # its pairing with the best is fixed by its source
         pass
 
     def assemble(self):
@@ -262,6 +267,52 @@ def cli(*args):
     result = CliRunner().invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, result.output + str(result.exception)
     return result
+
+
+def test_every_entry_point_gets_memory_from_agent_run_when_its_settings_name_it(tmp_path, monkeypatch):
+    """`start` reads the memory file the run's settings name and `run` writes it after the loop (one `memory` event
+    per thing kept), whoever calls them; settings that name none (the default: suite, bench, the Python API)
+    neither read nor write it."""
+    from agent import run as runs
+    from agent.policies.offline import MARK
+    from tools.records.store import attempt_columns
+
+    seed, memory, target = tmp_path / "add_scaled.py", tmp_path / "memory.db", REPO / "tests/targets/tiny_add.py"
+    seed.write_text(SEED)
+    kept = open_memory(memory)
+    kept.remember_tuning("add_scaled", "float32 2^11", 11, "float32", CPU, {"SCALE": 1.0}, None, target_name="tiny_add",
+                         run_id="r0", attempt_id=1, run_db="old.db", row_length=1000)
+    kept.close()
+
+    def one_verified_attempt(store, run_id, *args, **kwargs):   # the loop, reduced to what memory keeps
+        source = MARK + json.dumps({"template": "add_scaled", "values": {"SCALE": 0.5}}) + "\n" + SEED
+        store.add_attempt(run_id, source=source, **attempt_columns(EvalResult(verdict="correct", executed_on="cpu")))
+
+    def remembered() -> list[dict]:
+        m = open_memory(memory)
+        try:
+            return [t["tunables"] for t in m.tunings()]
+        finally:
+            m.close()
+
+    monkeypatch.setattr(runs, "run_graph", one_verified_attempt)
+    store = open_db(tmp_path / "kloop.db")
+    with_memory = runs.start(store, "offline", runs.settings_for(str(target), seed_kernel=str(seed), language="triton",
+                                                                memory=str(memory)))
+    assert with_memory.settings["memory_seeds"][0]["values"] == {"SCALE": 1.0}
+    events = []
+    runs.run(with_memory, events.append)
+    assert events == [{"kind": "memory", "message": "memory: tunables of add_scaled for float32 2^11 on "
+                                                    "cpu-interpreter (attempt 1)"}]
+    assert remembered() == [{"SCALE": 0.5}]
+
+    assert runs.DEFAULT_SETTINGS["memory"] is None
+    without = runs.start(store, "offline", runs.settings_for(str(target), seed_kernel=str(seed), language="triton"))
+    assert "memory_seeds" not in without.settings
+    events.clear()
+    runs.run(without, events.append)
+    assert events == [] and remembered() == [{"SCALE": 0.5}]
+    store.close()
 
 
 def test_tuning_memory_seeds_the_next_run_on_another_shape(tmp_path):

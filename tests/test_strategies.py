@@ -144,6 +144,8 @@ def test_every_strategy_is_a_deterministic_function_of_the_attempts_and_the_seed
 class FakeEvaluation:
     """'wrong' sources are incorrect; otherwise the speedup is the source's last number."""
 
+    pipelined = False   # stages in the loop's own thread (sandbox.seam.StagedEvaluation)
+
     def __init__(self, source):
         self.source, self.result = source, EvalResult(language="triton")
 
@@ -154,6 +156,9 @@ class FakeEvaluation:
         pass
 
     def adopt_as_best(self, number):
+        pass
+
+    def rejudge(self):  # its pairing with the best is fixed by its source
         pass
 
     def assemble(self):
@@ -337,3 +342,13 @@ def test_evolve_progress_lines_name_the_parent_island_and_cell(store):
     pick = picks[later]
     assert lines[later].startswith(f"#{later + 1} (branch 0, from #{pick['parent']} island {pick['island']}"
                                    + (f" cell {pick['cell']})" if pick["cell"] else ")"))
+
+
+def test_the_run_settings_check_refuses_an_unknown_strategy_for_every_entry_point():
+    from agent import run as runs
+
+    with pytest.raises(runs.RunError, match=r"^unknown strategy 'greedy' \(one of refine, best-of-n, metr, evolve\)$"):
+        runs.check_settings("offline", runs.settings_for("vector_add", **runs.strategy_settings("greedy")))
+    for name in STRATEGIES:
+        runs.check_settings("offline", runs.settings_for("vector_add", **runs.strategy_settings(name)))
+    runs.check_settings("offline", runs.settings_for("vector_add"))   # a run made before strategies: refine

@@ -575,14 +575,14 @@ def test_lanes_run_problems_side_by_side_and_stop_and_resume_together(tmp_path):
 
 
 def test_lanes_never_time_side_by_side_on_one_gpu(monkeypatch):
-    from agent import run as runs
+    from sandbox import placement
 
     problems = [Problem("a", PROBLEMS / "level1" / "1_Scaled_ReLU.py", 1)]
     assert SuitePlan(problems, lanes=2).lane_evaluators() == [{}, {}]        # CPU lanes: no timing to disturb
-    monkeypatch.setattr(runs, "has_gpu", lambda: True)
+    monkeypatch.setattr(placement, "has_gpu", lambda: True)
     with pytest.raises(SuiteError, match="--lanes 2 on one GPU would time kernels side by side"):
         SuitePlan(problems, lanes=2).lane_evaluators()
-    monkeypatch.setattr(runs, "gpu_indices", lambda spec: [0, 1, 2])
+    monkeypatch.setattr(placement, "gpu_indices", lambda spec: [0, 1, 2])
     assert SuitePlan(problems, evaluator={"gpus": "all"}).lane_evaluators() == \
         [{"gpus": "0"}, {"gpus": "1"}, {"gpus": "2"}]                        # one lane per GPU by default
     assert SuitePlan(problems, evaluator={"gpus": "all"}, lanes=1).lane_evaluators() == [{"gpus": "all"}]

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "tests" / "experiments"))
 import evaluator as evaluator_breakdown  # noqa: E402  (tests/experiments/evaluator.py)
 
 from agent import run as runs  # noqa: E402
+from sandbox import placement  # noqa: E402
 from sandbox.evaluate import EvalSettings, Session, versions  # noqa: E402
 from tools.records import bench  # noqa: E402
 from tools.profile import gpu_info  # noqa: E402
@@ -386,7 +387,7 @@ def main() -> None:
 
     if "breakdown" in phases and clock.left() > 60:
         attempt("breakdown", breakdown)
-    gpus = runs.gpu_list(args.gpus) if args.gpus else None
+    gpus = placement.gpu_list(args.gpus) if args.gpus else None
     per_gpu = args.planners_per_gpu
     evaluator = {"gpus": args.gpus, "planners": per_gpu * len(gpus or [0]) if per_gpu else args.planners}
     evaluator = {k: v for k, v in evaluator.items() if v is not None}
@@ -403,7 +404,7 @@ def main() -> None:
         first = gpus[:1]
         one = {k: v for k, v in {**evaluator, "gpus": None, "planners": per_gpu or args.planners}.items()
                if v is not None}
-        planners = runs.planners_for(one, 1, load_target(targets[0]))
+        planners = placement.planners_for(one, 1, load_target(targets[0]))
         attempt("scaling_one_gpu", lambda: phase(store, targets, args.seconds_per_target, one, clock, "one GPU",
                                                  lambda: Session(spares=planners, gpus=first, planners=planners),
                                                  host))
