@@ -300,8 +300,8 @@ def test_pipelined_attempts_are_logged_in_proposal_order_with_their_lineage(stor
     assert [a.parent_attempt_id for a in attempts[:3]] == [None, None, None]
     # Turn 4 was proposed once attempt 1 (the best then) was logged, and says so; turn 5 after attempt 2.
     by_number = {a.number: a.id for a in attempts}
-    assert attempts[3]["parent_attempt_id"] == by_number[1] and attempts[4]["parent_attempt_id"] == by_number[1]
-    assert attempts[5]["parent_attempt_id"] == by_number[3]  # kernel 5 became the best at attempt 3
+    assert attempts[3].parent_attempt_id == by_number[1] and attempts[4].parent_attempt_id == by_number[1]
+    assert attempts[5].parent_attempt_id == by_number[3]  # kernel 5 became the best at attempt 3
     # The next candidates were being evaluated before attempt 1 was logged.
     logged_first = next(t for e, t in events if e["kind"] == "attempt" and e["number"] == 1)
     assert next(t for what, s, _, t in log if what == "plan_start" and s == "kernel 1") < logged_first
