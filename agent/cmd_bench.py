@@ -137,7 +137,7 @@ def _bench_one(store, name: str, minutes_per_target: float, max_attempts: int | 
     final = cublas = None
     with console.status(f"{name}: re-timing the best kernel with eager and torch.compile", spinner="dots"):
         if best is not None:
-            final = evaluate(target, best["source"], EvalSettings(baselines=("eager", "compile"),
+            final = evaluate(target, best.source, EvalSettings(baselines=("eager", "compile"),
                                                                   compile_baseline="measure"))
         if bench.kind_of(name) == "matmul":
             m, n, k = bench.matmul_shape(target, small=not timing_is_real)

@@ -66,7 +66,7 @@ def reverify_command(
     console = make_console()
 
     def progress(row) -> None:
-        console.print(f"attempt {row.number}: {row.new['verdict']}", highlight=False)
+        console.print(f"attempt {row.number}: {row.new.verdict}", highlight=False)
 
     try:
         outcome = reverify(run_id, db, attempts, on_attempt=progress, out_db=db if in_place else out_db)

@@ -18,8 +18,7 @@ from agent import run as runs
 from agent.output import fail, make_console, plural, print_code
 from agent.progress import ProgressView, attempt_label, budget_words, shorten
 from agent.run import RunError, RunFailed, RunFinished
-from tools.result import EvalResult
-from tools.records.store import DEFAULT_DB
+from tools.records.store import DEFAULT_DB, Attempt
 
 console = make_console()
 
@@ -209,20 +208,20 @@ def show_command(
     if attempt is not None:
         row = _attempt(attempts, run_id, attempt)
         if as_json:
-            print(json.dumps({"run": run, "attempt": row}, default=str))
+            print(json.dumps({"run": run, "attempt": row.to_dict()}, default=str))
         elif diff:
             _print_diff(_parent(attempts, row), row)
         else:
             _print_attempt(run, attempts, row)
         return
     if as_json:
-        print(json.dumps({"run": run, "attempts": attempts}, default=str))
+        print(json.dumps({"run": run, "attempts": [a.to_dict() for a in attempts]}, default=str))
         return
     stale = runs.liveness(run)
     console.print(f"run {run_id}: {run['target_name']}, {run['policy']}, {run['status']}"
                   + (f" ({stale})" if stale else "") + (f" ({run['notes']})" if run["notes"] else ""),
                   highlight=False, markup=False)
-    branched = len({a["branch"] for a in attempts}) > 1
+    branched = len({a.branch for a in attempts}) > 1
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     table.add_column("#", no_wrap=True, justify="right")
     if branched:
@@ -238,31 +237,31 @@ def show_command(
         table.add_column("why")
     whys = []
     for a in attempts:
-        reasons = a["reasons"] or []
+        reasons = a.reasons or []
         first = reasons[0] if reasons else ""
         why = shorten(first, cut) if cut else first.splitlines()[0] if first else ""
         if why and narrow:
-            whys.append(f"#{a['number']}: {why}")
-        table.add_row(str(a["number"]), *([str(a["branch"])] if branched else []),
-                      _verdict(a["verdict"]), _num(a["speedup_eager"], "{:.2f}"), _num(a["speedup_compile"], "{:.2f}"),
-                      _num(a["sol_fraction"], "{:.0%}"), _num((a["time_us"] or {}).get("median"), "{:.1f}"),
-                      escape(" ".join(x for x in (a["language"] or "", attempt_label(a["source"] or "")) if x)),
+            whys.append(f"#{a.number}: {why}")
+        table.add_row(str(a.number), *([str(a.branch)] if branched else []),
+                      _verdict(a.verdict), _num(a.speedup_eager, "{:.2f}"), _num(a.speedup_compile, "{:.2f}"),
+                      _num(a.sol_fraction, "{:.0%}"), _num(a.median_us, "{:.1f}"),
+                      escape(" ".join(x for x in (a.language or "", attempt_label(a.source or "")) if x)),
                       *([] if narrow else [escape(why)]))   # escaped: candidate text is no markup
     console.print(table)
     for line in whys:
         console.print(line, highlight=False, markup=False)
     if not console.is_terminal:
         for a in attempts:
-            if len(a["reasons"] or []) > 1 or "\n" in "".join(a["reasons"] or []):
-                for reason in a["reasons"]:
-                    console.print(f"#{a['number']}: {reason}", highlight=False, markup=False)
+            if len(a.reasons or []) > 1 or "\n" in "".join(a.reasons or []):
+                for reason in a.reasons:
+                    console.print(f"#{a.number}: {reason}", highlight=False, markup=False)
     for a in attempts:
-        for reason in a.get("withheld") or []:   # the operator's own view of what the policy was not told
-            console.print(f"#{a['number']} withheld from the policy: {reason}", highlight=False, markup=False)
-    if attempts and not any((a["time_us"] or {}).get("median") for a in attempts):
+        for reason in a.withheld or []:   # the operator's own view of what the policy was not told
+            console.print(f"#{a.number} withheld from the policy: {reason}", highlight=False, markup=False)
+    if attempts and not any(a.timed for a in attempts):
         console.print("no attempt was timed (no CUDA GPU): correct attempts are not ranked, the first one stays "
                       "the best", highlight=False)
-    if console.is_terminal and any(a["reasons"] for a in attempts):
+    if console.is_terminal and any(a.reasons for a in attempts):
         console.print(f"[dim]one attempt whole: kloop show {escape(run_id)} --attempt N (--diff: against its "
                       "parent)[/]", highlight=False)
 
@@ -293,52 +292,52 @@ def _open_run(db: Path, run_id: str):
         fail(str(e))
 
 
-def _attempt(attempts: list[dict], run_id: str, number: int) -> dict:
+def _attempt(attempts: list[Attempt], run_id: str, number: int) -> Attempt:
     for row in attempts:
-        if row["number"] == number:
+        if row.number == number:
             return row
-    span = f"1 to {attempts[-1]['number']}" if attempts else "none"
+    span = f"1 to {attempts[-1].number}" if attempts else "none"
     fail(f"run {run_id} has no attempt {number} (its attempts: {span})")
 
 
-def _parent(attempts: list[dict], row: dict) -> dict | None:
-    return next((a for a in attempts if a["id"] == row["parent_attempt_id"]), None)
+def _parent(attempts: list[Attempt], row: Attempt) -> Attempt | None:
+    return next((a for a in attempts if a.id == row.parent_attempt_id), None)
 
 
 def _verdict(verdict: str | None) -> str:
     return f"[{'green' if verdict == 'correct' else 'red'}]{verdict}[/]" if verdict else ""
 
 
-def _print_attempt(run: dict, attempts: list[dict], a: dict) -> None:
+def _print_attempt(run: dict, attempts: list[Attempt], a: Attempt) -> None:
     """One attempt whole: what it was, its verdict and every reason, its numbers, its parent and the strategy's
     reason for that parent, then its source as it is."""
     from tools.records.view import attempt_facts
 
     say = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731  (candidate text: no markup)
-    console.print(f"attempt [bold]{a['number']}[/] of run {escape(run['id'])} ({escape(run['target_name'])}): "
-                  f"{_verdict(a['verdict'])}", highlight=False)
+    console.print(f"attempt [bold]{a.number}[/] of run {escape(run['id'])} ({escape(run['target_name'])}): "
+                  f"{_verdict(a.verdict)}", highlight=False)
     for name, value in attempt_facts(a, _parent(attempts, a)):
         say(f"{name}: {value}")
-    if a["reasons"]:
+    if a.reasons:
         say("reasons:")
-        for reason in a["reasons"]:
+        for reason in a.reasons:
             say("  - " + reason.replace("\n", "\n    "))
-    for reason in a.get("withheld") or []:
+    for reason in a.withheld or []:
         say(f"withheld from the policy: {reason}")
     say("source:")
-    print_code(console, a["source"] or "")
+    print_code(console, a.source or "")
 
 
-def _print_diff(old: dict | None, new: dict) -> None:
+def _print_diff(old: Attempt | None, new: Attempt) -> None:
     """A unified diff (difflib) of two attempts' sources; from nothing when the attempt had no parent."""
     from tools.records.view import source_diff
 
     if old is None:
-        console.print(f"attempt {new['number']} has no parent (it started from the target alone): the whole source "
+        console.print(f"attempt {new.number} has no parent (it started from the target alone): the whole source "
                       "is new", highlight=False)
     text = source_diff(old, new)
     if not text:
-        console.print(f"attempts {old['number']} and {new['number']} have the same source", highlight=False)
+        console.print(f"attempts {old.number} and {new.number} have the same source", highlight=False)
     elif console.is_terminal:
         from rich.syntax import Syntax
 
@@ -382,22 +381,21 @@ def _print_best(store, run_id: str) -> bool:
         console.print(f"no attempt verified correct (why: `kloop show {run_id} --db {store.path}`)", highlight=False,
                       markup=False)
         return False
-    path = store.path.parent / f"{run_id}_best_{best['number']}.py"
-    path.write_text(best["source"])
-    label = attempt_label(best["source"] or "")
-    console.print(f"best verified kernel: attempt {best['number']} ({best['language']}"
-                  + (f", {label}" if label else "") + f"), {len(best['source'].splitlines())} lines written to {path}",
+    path = store.path.parent / f"{run_id}_best_{best.number}.py"
+    path.write_text(best.source)
+    label = attempt_label(best.source or "")
+    console.print(f"best verified kernel: attempt {best.number} ({best.language}"
+                  + (f", {label}" if label else "") + f"), {len(best.source.splitlines())} lines written to {path}",
                   highlight=False, markup=False)
-    result = EvalResult.from_dict(best["result"])
-    if result.executed_on != "cuda":
-        verified = sum(a["verdict"] == "correct" for a in store.attempts(run_id))
+    if best.result.executed_on != "cuda":
+        verified = sum(a.verdict == "correct" for a in store.attempts(run_id))
         console.print(f"no CUDA GPU: {plural(verified, 'attempt')} verified correct, none timed (the Triton "
                       "interpreter runs on CPU tensors, so no timing is real); untimed attempts cannot be ranked, so "
                       "the first verified one stays the best. Speedups and speed-of-light need a GPU", highlight=False)
         return True
-    console.print(f"speedup {_num(best['speedup_eager'], '{:.2f}x')} over eager, "
-                  f"{_num(best['speedup_compile'], '{:.2f}x')} over torch.compile, "
-                  f"{_num(best['sol_fraction'], '{:.0%}')} of speed-of-light", highlight=False)
+    console.print(f"speedup {_num(best.speedup_eager, '{:.2f}x')} over eager, "
+                  f"{_num(best.speedup_compile, '{:.2f}x')} over torch.compile, "
+                  f"{_num(best.sol_fraction, '{:.0%}')} of speed-of-light", highlight=False)
     return True
 
 

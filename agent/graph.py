@@ -34,7 +34,7 @@ from agent.policy import AttemptView, Message, Policy, PolicyError, Proposal, Pr
 from agent.strategies import cell_of_result, choose
 from sandbox.seam import StagedEvaluation
 from tools.result import FAILED, EvalResult
-from tools.records.store import Store, attempt_columns, now, takes_the_lead
+from tools.records.store import Attempt, Store, attempt_columns, now, takes_the_lead
 
 # The graph's own verdict for a turn whose answer carried no usable candidate (not one of the evaluator's six).
 FORMAT_ERROR = "format_error"
@@ -291,16 +291,16 @@ class Loop:
         return ProposeContext(
             run_id=self.run_id, branch=branch, turn=live.turn, target_name=self.target_name,
             target_source=self.target_source, language=self.settings.language, gpu=self.gpu,
-            history=[self.view(row) for row in rows], best=attempt_view(best) if best else None,
+            history=[self.view(attempt) for attempt in rows], best=AttemptView.of(best) if best else None,
             budget_left=self.budget_left(self.store.progress(self.run_id)), tool_results=live.tool_results,
-            strategy=self.settings.strategy, parent=attempt_view(parent.attempt) if shown_parent else None,
+            strategy=self.settings.strategy, parent=AttemptView.of(parent.attempt) if shown_parent else None,
             parent_reason=parent.reason if parent is not None else "", lessons=list(self.settings.lessons),
             in_flight=len(self.windows.get(branch, [])))
 
-    def view(self, row: dict) -> AttemptView:
-        if row["id"] not in self.views:
-            self.views[row["id"]] = attempt_view(row)
-        return self.views[row["id"]]
+    def view(self, attempt: Attempt) -> AttemptView:
+        if attempt.id not in self.views:
+            self.views[attempt.id] = AttemptView.of(attempt)
+        return self.views[attempt.id]
 
     def view_of(self, live: Live, branch: int) -> AttemptView:
         """The attempt being reflected on, before it is committed (so it has no id or number yet)."""
@@ -338,7 +338,7 @@ class Loop:
                 facts["best_attempt_id"] = attempt_id
             if facts:
                 self.store.update_run(self.run_id, **facts)
-        number = self.store.get_attempt(attempt_id)["number"]
+        number = self.store.get_attempt(attempt_id).number
         if new_best and live.evaluation is not None:
             live.evaluation.adopt_as_best(number)
         return number
@@ -441,7 +441,7 @@ def pick_of(parent) -> dict | None:
     """The strategy's pick for an attempt, for progress lines: the parent's number, why, its island and cell."""
     if parent is None:
         return None
-    return {"parent": parent.attempt["number"] if parent.attempt else None, "reason": parent.reason,
+    return {"parent": parent.attempt.number if parent.attempt else None, "reason": parent.reason,
             "island": parent.island, "cell": parent.cell}
 
 
@@ -454,24 +454,14 @@ def redo(lineage: dict) -> Command:
     return Command(goto=Send("write", {"branch": lineage["branch"], "key": ""}))
 
 
-def attempt_view(row: dict) -> AttemptView:
-    return AttemptView(
-        id=row["id"], number=row["number"], branch=row["branch"], language=row["language"] or "",
-        source=row["source"] or "", verdict=row["verdict"] or "", reasons=row["reasons"] or [],
-        time_us=(row["time_us"] or {}).get("median"), speedup_eager=row["speedup_eager"],
-        speedup_compile=row["speedup_compile"], sol_fraction=row["sol_fraction"], diagnosis=row["diagnosis"] or "",
-        result=EvalResult.from_dict(row["result"]))
-
-
-def needs_rejudging(result: EvalResult, best: dict | None) -> bool:
+def needs_rejudging(result: EvalResult, best: Attempt | None) -> bool:
     """A correct, timed result that would challenge the standing best but was paired against another one, or none
     (it was profiled before that best was logged: attempts in flight, branches)."""
     if best is None or not result.correct or result.median_us is None:
         return False
-    best_median = (best.get("time_us") or {}).get("median")
-    if best_median is None or result.median_us >= best_median:
+    if best.median_us is None or result.median_us >= best.median_us:
         return False
-    return result.vs_best is None or result.vs_best.best_attempt != best["number"]
+    return result.vs_best is None or result.vs_best.best_attempt != best.number
 
 
 def machine_facts(result: EvalResult, run: dict) -> dict:

@@ -6,9 +6,11 @@ bad arguments or a missing attempt come back as a result with is_error set, whic
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 
+from tools.records.store import Attempt
 from tools.records.wire import SUBMIT
 # A PTX or SASS dump of a big kernel can run to megabytes; the model gets the head and is told so.
 MAX_RESULT_CHARS = 40_000
@@ -107,57 +109,57 @@ def _check_arguments(name: str, arguments) -> None:
             raise ToolInputError(f"{name}: {key} must be an attempt number (1 or more), got {value!r}")
 
 
-def _attempt(store, run_id: str, number: int) -> dict:
-    for row in store.attempts(run_id):
-        if row["number"] == number:
-            return row
+def _attempt(store, run_id: str, number: int) -> Attempt:
+    for attempt in store.attempts(run_id):
+        if attempt.number == number:
+            return attempt
     raise ToolInputError(f"this run has no attempt {number}")
 
 
-def _per_kernel(row: dict, column: str, what: str) -> str:
-    texts = row.get(column) or {}
+def _per_kernel(attempt: Attempt, texts: dict[str, str] | str, what: str) -> str:
     if isinstance(texts, str):  # a column holding plain text rather than JSON
         texts = {"kernel": texts}
     if not texts:
-        raise ToolInputError(f"attempt {row['number']} has no {what} (verdict {row.get('verdict')}: "
+        raise ToolInputError(f"attempt {attempt.number} has no {what} (verdict {attempt.verdict}: "
                              "it may not have compiled, or the tool was not available)")
     return "\n\n".join(f"// ===== {name} =====\n{text}" for name, text in texts.items())
 
 
 def _get_ptx(store, run_id: str, attempt: int) -> str:
-    return _per_kernel(_attempt(store, run_id, attempt), "ptx", "PTX")
+    found = _attempt(store, run_id, attempt)
+    return _per_kernel(found, found.result.ptx, "PTX")
 
 
 def _get_sass(store, run_id: str, attempt: int) -> str:
-    return _per_kernel(_attempt(store, run_id, attempt), "sass", "SASS")
+    found = _attempt(store, run_id, attempt)
+    return _per_kernel(found, found.result.sass, "SASS")
 
 
 def _get_ncu(store, run_id: str, attempt: int) -> str:
-    row = _attempt(store, run_id, attempt)
-    if not row.get("ncu"):
+    ncu = _attempt(store, run_id, attempt).result.ncu
+    if not ncu:
         raise ToolInputError(f"attempt {attempt} has no Nsight Compute data (ncu runs only on a GPU, on correct "
                              "attempts, when profiling is on)")
-    return json.dumps(row["ncu"], indent=1)
+    return json.dumps({kernel: dataclasses.asdict(counters) for kernel, counters in ncu.items()}, indent=1)
 
 
 def _diff(store, run_id: str, attempt_a: int, attempt_b: int) -> str:
     a, b = _attempt(store, run_id, attempt_a), _attempt(store, run_id, attempt_b)
-    lines = difflib.unified_diff((a.get("source") or "").splitlines(keepends=True),
-                                 (b.get("source") or "").splitlines(keepends=True),
+    lines = difflib.unified_diff((a.source or "").splitlines(keepends=True),
+                                 (b.source or "").splitlines(keepends=True),
                                  fromfile=f"attempt {attempt_a}", tofile=f"attempt {attempt_b}")
     return "".join(lines) or f"attempts {attempt_a} and {attempt_b} have the same source"
 
 
 def _best_kernel(store, run_id: str) -> str:
-    row = store.best_attempt(run_id)
-    if row is None:
+    best = store.best_attempt(run_id)
+    if best is None:
         raise ToolInputError("no attempt of this run has been verified correct yet")
     speedups = ", ".join(f"{value:.2f}x over {name}" for name, value in
-                         (("eager", row.get("speedup_eager")), ("torch.compile", row.get("speedup_compile")))
+                         (("eager", best.speedup_eager), ("torch.compile", best.speedup_compile))
                          if value is not None) or "no timing"
-    median = (row.get("time_us") or {}).get("median")
-    timing = f", median {median:.2f} us" if median is not None else ""
-    return f"attempt {row['number']} ({row['language']}): {speedups}{timing}\n\n{row['source']}"
+    timing = f", median {best.median_us:.2f} us" if best.median_us is not None else ""
+    return f"attempt {best.number} ({best.language}): {speedups}{timing}\n\n{best.source}"
 
 
 _HANDLERS = {"get_ptx": _get_ptx, "get_sass": _get_sass, "get_ncu": _get_ncu, "diff": _diff,

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.policy import RunDigest
+from agent.policy import AttemptView, RunDigest
 from tools.records.memory import CPU, MemoryFileError, open_memory, size_bucket
+from tools.records.store import Attempt, fastest_key, offline_marker
 
 LESSONS_K = 5
 
@@ -113,49 +114,46 @@ def after_run(store, run_id: str, policy, settings: dict, target=None) -> list[s
         memory.close()
 
 
-def remember_tunings(memory, store, run: dict, attempts: list[dict], features: dict) -> list[str]:
+def remember_tunings(memory, store, run: dict, attempts: list[Attempt], features: dict) -> list[str]:
     """Per offline template, the tunables of its fastest verified attempt (tools.records.store.fastest_key: untimed, the
     first verified)."""
-    from tools.records.store import fastest_key, offline_marker
 
-    fastest: dict[str, dict] = {}
+    fastest: dict[str, Attempt] = {}
     for a in attempts:
-        marker = offline_marker(a["source"])
-        if a["verdict"] != "correct" or not marker or marker.get("ptx_edit") or not marker.get("template"):
+        marker = offline_marker(a.source or "")
+        if a.verdict != "correct" or not marker or marker.get("ptx_edit") or not marker.get("template"):
             continue
         if marker["template"] not in fastest or fastest_key(a) < fastest_key(fastest[marker["template"]]):
             fastest[marker["template"]] = a
     lines = []
     for template, a in fastest.items():
-        values = offline_marker(a["source"])["values"]
-        executed_on = (a.get("result") or {}).get("executed_on")
+        values = offline_marker(a.source)["values"]
+        executed_on = a.result.executed_on
         gpu = features["gpu"] if executed_on == "cuda" else CPU
         kept = memory.remember_tuning(template, features["bucket"], features["size_log2"], features["dtypes"], gpu,
-                                      values, a["speedup_eager"], target_name=run["target_name"], run_id=run["id"],
-                                      attempt_id=a["id"], run_db=str(store.path), row_length=features.get("row"))
+                                      values, a.speedup_eager, target_name=run["target_name"], run_id=run["id"],
+                                      attempt_id=a.id, run_db=str(store.path), row_length=features.get("row"))
         if kept:
             lines.append(f"memory: tunables of {template} for {features['bucket']} on {gpu} "
-                         f"(attempt {a['number']})")
+                         f"(attempt {a.number})")
     return lines
 
 
-def remember_lessons(memory, store, run: dict, attempts: list[dict], features: dict, distill,
+def remember_lessons(memory, store, run: dict, attempts: list[Attempt], features: dict, distill,
                      settings: dict) -> list[str]:
-    from agent.prompting import attempt_view
-
-    views = [attempt_view(a) for a in attempts]
+    views = [AttemptView.of(a) for a in attempts]
     best = next((v for v in views if v.id == run.get("best_attempt_id")), None)
     shown = list(settings.get("memory_lessons") or [])
     lessons, judgements, messages = distill(RunDigest(run["target_name"], features, views, best, shown))
     with store.transaction():  # the extra call's traffic and cost belong to the run, attached to no attempt
         for message in messages:
             store.add_message(run["id"], message)
-    by_number = {a["number"]: a for a in attempts}
+    by_number = {a.number: a for a in attempts}
     tags = " ".join(str(features[k]) for k in ("op", "description", "dtypes", "bucket", "gpu") if features.get(k))
     lines = []
     for lesson in lessons:
-        evidence = [{"attempt_id": by_number[n]["id"], "number": n, "verdict": by_number[n]["verdict"],
-                     "speedup_eager": by_number[n]["speedup_eager"]} for n in lesson["evidence"] if n in by_number]
+        evidence = [{"attempt_id": by_number[n].id, "number": n, "verdict": by_number[n].verdict,
+                     "speedup_eager": by_number[n].speedup_eager} for n in lesson["evidence"] if n in by_number]
         if not evidence:  # a lesson must cite this run's attempts
             continue
         number = memory.add_lesson(lesson["text"], tags, target_name=run["target_name"], gpu=features["gpu"],

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tools.records.messages import Message  # noqa: F401  (re-exported: policies build Messages)
+from tools.records.store import Attempt
 from tools.result import EvalResult
 
 
 @dataclass
 class AttemptView:
-    """What a policy may see of one earlier attempt (a row of the attempts table, trimmed)."""
+    """What a policy may see of one earlier attempt (a stored Attempt, trimmed: AttemptView.of)."""
     id: int
     number: int
     branch: int
@@ -28,6 +29,15 @@ class AttemptView:
     sol_fraction: float | None
     diagnosis: str                 # the reflect node's reading of the counters
     result: EvalResult             # the evaluator's whole result
+
+    @classmethod
+    def of(cls, attempt: Attempt) -> AttemptView:
+        """A stored attempt as a policy sees it: the one place a view is made from the store."""
+        return cls(
+            id=attempt.id, number=attempt.number, branch=attempt.branch, language=attempt.language or "",
+            source=attempt.source or "", verdict=attempt.verdict or "", reasons=attempt.reasons or [],
+            time_us=attempt.median_us, speedup_eager=attempt.speedup_eager, speedup_compile=attempt.speedup_compile,
+            sol_fraction=attempt.sol_fraction, diagnosis=attempt.diagnosis or "", result=attempt.result)
 
 
 @dataclass

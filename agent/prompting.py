@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 from agent.policy import AttemptView, ProposeContext
-from tools.result import Counters, EvalResult, Resources
+from tools.result import Counters, Resources
 from tools.rules import ALLOWED_IMPORTS, detect_language
 
 LANGUAGES = ("triton", "ptx")
@@ -286,12 +286,12 @@ def export_prompts():
     """The wording tools.records.export uses to rebuild an offline-policy run as the conversation a model would have had."""
     from agent.inspect_tools import SUBMIT, TOOLS, openai_tools
     from tools.records.export import Prompts
-    from tools.records.store import best_after
+    from tools.records.store import Attempt, best_after
 
-    def turn(run: dict, gpu: dict | None, history: list[dict], number: int) -> str:
-        views = [attempt_view(row, with_source=True) for row in history]
-        best_row = best_after(history)   # the best as the loop held it then, by its own rule
-        best = next(v for v in views if v.id == best_row["id"]) if best_row else None
+    def turn(run: dict, gpu: dict | None, history: list[Attempt], number: int) -> str:
+        views = [AttemptView.of(attempt) for attempt in history]
+        best_then = best_after(history)   # the best as the loop held it then, by its own rule
+        best = next(v for v in views if v.id == best_then.id) if best_then else None
         ctx = ProposeContext(run_id=run["id"], branch=views[-1].branch if views else 0, turn=number,
                              target_name=run.get("target_name") or "", target_source=run.get("target_source") or "",
                              language=(run.get("settings") or {}).get("language") or "auto", gpu=gpu, history=views,
@@ -300,15 +300,3 @@ def export_prompts():
 
     return Prompts(system=lambda language, tools: system_prompt(language, tools=tools), turn=turn,
                    submit_tool=openai_tools([t for t in TOOLS if t["name"] == SUBMIT])[0])
-
-
-def attempt_view(row: dict, with_source: bool = True) -> AttemptView:
-    """An attempts-table row as the prompts describe it."""
-    timing = row.get("time_us")
-    return AttemptView(
-        id=row["id"], number=row["number"], branch=row.get("branch") or 0, language=row.get("language") or "",
-        source=(row.get("source") or "") if with_source else "", verdict=row.get("verdict") or "", reasons=row.get("reasons") or [],
-        time_us=float(timing["median"]) if isinstance(timing, dict) and timing.get("median") is not None else None,
-        speedup_eager=row.get("speedup_eager"), speedup_compile=row.get("speedup_compile"),
-        sol_fraction=row.get("sol_fraction"), diagnosis=row.get("diagnosis") or "",
-        result=EvalResult.from_dict(row.get("result")))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools.records.store import Store, StoreError, attempt_columns, gpu_columns, now, open_db
+from tools.records.store import Attempt, Store, StoreError, attempt_columns, gpu_columns, now, open_db
 
 WHICH = ("best", "correct", "all")
 TIME_REL_TOLERANCE = 0.10   # timings closer than this are the same ...
@@ -32,8 +32,8 @@ class ReverifyError(Exception):
 @dataclass
 class ReverifiedAttempt:
     number: int
-    old: dict                                   # the logged attempt row
-    new: dict                                   # the new attempt's columns
+    old: Attempt                                # the logged attempt
+    new: Attempt                                # the new attempt, as stored in the new run
     disagreements: list[str] = field(default_factory=list)
 
 
@@ -51,49 +51,33 @@ class ReverifyOutcome:
         return [(row.number, d) for row in self.rows for d in row.disagreements]
 
 
-def select_attempts(store: Store, run: dict, which: str) -> list[dict]:
+def select_attempts(store: Store, run: dict, which: str) -> list[Attempt]:
     attempts = store.attempts(run["id"])
     if which == "all":
         return attempts
     if which == "correct":
-        return [a for a in attempts if a.get("verdict") == "correct"]
+        return [a for a in attempts if a.verdict == "correct"]
     best_id = run.get("best_attempt_id")
-    return [a for a in attempts if a["id"] == best_id]
+    return [a for a in attempts if a.id == best_id]
 
 
-def compare(old: dict, new: dict, same_gpu: bool = True) -> list[str]:
+def compare(old: Attempt, new: Attempt, same_gpu: bool = True) -> list[str]:
     """Why the new measurement disagrees with the logged one (empty: it agrees). Times are compared only when both
     were taken on the same GPU model: an H200 is faster than an H100, and that is no disagreement."""
     found = []
-    if old.get("verdict") != new.get("verdict"):
-        found.append(f"verdict {old.get('verdict')} -> {new.get('verdict')} (checks v{checks_of(old)} -> "
-                     f"v{checks_of(new)}: {_first_reason(new)})")
-    old_t, new_t = old.get("time_us") or {}, new.get("time_us") or {}
-    if same_gpu and old_t.get("median") and new_t.get("median"):
-        a, b = old_t["median"], new_t["median"]
-        spread = TIME_IQR_FACTOR * ((old_t.get("iqr") or 0.0) + (new_t.get("iqr") or 0.0))
+    if old.verdict != new.verdict:
+        found.append(f"verdict {old.verdict} -> {new.verdict} (checks v{old.result.checks} -> "
+                     f"v{new.result.checks}: {_first_reason(new)})")
+    if same_gpu and old.timed and new.timed:
+        a, b = old.median_us, new.median_us
+        spread = TIME_IQR_FACTOR * ((old.time_us.iqr or 0.0) + (new.time_us.iqr or 0.0))
         if abs(b - a) > max(TIME_REL_TOLERANCE * a, spread):
             found.append(f"time {a:.3g} us -> {b:.3g} us ({100 * (b - a) / a:+.0f}%)")
     return found
 
 
-def checks_of(attempt: dict) -> int:
-    """The version of the evaluator's checks that judged a logged attempt (tools.result.CHECKS_VERSION; 0: before
-    versions were recorded)."""
-    result = attempt.get("result")
-    if isinstance(result, str):
-        import json
-
-        result = json.loads(result or "{}")
-    return int((result or {}).get("checks") or 0)
-
-
-def _first_reason(attempt: dict) -> str:
-    reasons = attempt.get("reasons") or []
-    if isinstance(reasons, str):
-        import json
-
-        reasons = json.loads(reasons or "[]")
+def _first_reason(attempt: Attempt) -> str:
+    reasons = attempt.reasons or []
     return (reasons[0] if reasons else "no reason given")[:300]
 
 
@@ -163,15 +147,13 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
             rows = []
             try:
                 for old in chosen:
-                    with session.evaluation(target, old.get("source") or "") as ev:
+                    with session.evaluation(target, old.source or "") as ev:
                         ev.assemble(), ev.verify(), ev.profile()
-                    result = ev.result
-                    columns = attempt_columns(result)
-                    store.add_attempt(new_run_id, number=old["number"], branch=old.get("branch") or 0,
-                                      turn=old.get("turn"), source=old.get("source"), reasoning=old.get("reasoning"),
-                                      **columns)
-                    row = ReverifiedAttempt(old["number"], old, columns,
-                                            compare(old, columns, same_gpu=run.get("gpu_name") == (gpu or {}).get("name")))
+                    new = store.get_attempt(store.add_attempt(
+                        new_run_id, number=old.number, branch=old.branch, turn=old.turn, source=old.source,
+                        reasoning=old.reasoning, **attempt_columns(ev.result)))
+                    row = ReverifiedAttempt(old.number, old, new,
+                                            compare(old, new, same_gpu=run.get("gpu_name") == (gpu or {}).get("name")))
                     rows.append(row)
                     on_attempt(row)
             except BaseException as e:
@@ -180,12 +162,12 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
                 raise
         # The re-verified run's best is the old best's counterpart, if it still holds up.
         old_best = source.best_attempt(run_id)
-        best = next((a for a in store.attempts(new_run_id) if old_best and a["number"] == old_best["number"]
-                     and a["verdict"] == "correct"), None)
-        store.update_run(new_run_id, status="finished", finished_at=now(), best_attempt_id=best["id"] if best else None,
-                         versions=rows[0].new["result"].get("versions"),
-                         numeric_flags=rows[0].new["result"].get("numeric_flags"),
-                         baselines=rows[0].new["result"].get("baselines"))
+        best = next((a for a in store.attempts(new_run_id) if old_best and a.number == old_best.number
+                     and a.verdict == "correct"), None)
+        first = rows[0].new.result
+        store.update_run(new_run_id, status="finished", finished_at=now(), best_attempt_id=best.id if best else None,
+                         versions=first.versions, numeric_flags=first.numeric_flags,
+                         baselines={k: v.__dict__ for k, v in first.baselines.items()} if first.baselines else None)
     finally:
         store.close()
         if not in_place:
@@ -194,10 +176,6 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
 
 
 # -- display ---------------------------------------------------------------------------------------------------------
-
-def _median(columns: dict) -> float | None:
-    return (columns.get("time_us") or {}).get("median")
-
 
 def _pair(old: str, new: str) -> str:
     return old if old == new else f"{old} → {new}"
@@ -221,9 +199,9 @@ def comparison_table(outcome: ReverifyOutcome):
     for row in outcome.rows:
         old, new = row.old, row.new
         cells = []
-        for key, unit in (("time_us", ""), ("speedup_eager", "x"), ("speedup_compile", "x")):
-            logged, now_ = (_median(old), _median(new)) if key == "time_us" else (old.get(key), new.get(key))
+        for logged, now_, unit in ((old.median_us, new.median_us, ""), (old.speedup_eager, new.speedup_eager, "x"),
+                                   (old.speedup_compile, new.speedup_compile, "x")):
             cells.append(f"{_number(logged, unit)} → {_number(now_, unit) if timed_here else NOT_TIMED}")
-        table.add_row(str(row.number), _pair(old.get("verdict") or "–", new.get("verdict") or "–"), *cells,
+        table.add_row(str(row.number), _pair(old.verdict or "–", new.verdict or "–"), *cells,
                       "; ".join(row.disagreements) or "agrees", style="red" if row.disagreements else None)
     return table

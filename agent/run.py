@@ -8,7 +8,7 @@
     >>> store = open_db("runs/kloop.db")
     >>> r = start(store, "offline", settings_for("softmax", max_attempts=8))   # loads, checks, creates the run
     >>> best = run(r, on_event=print)                                           # the loop, to a stop rule
-    >>> best["speedup_eager"] if best else None                                 # the best verified attempt (a row)
+    >>> best.speedup_eager if best else None                                    # the best verified Attempt
     >>> best = run(resume(store, r.id, max_attempts=16))                        # more budget for the same run
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable
 from sandbox import placement
 from sandbox.placement import has_gpu
 from sandbox.seam import EvaluatorSession
-from tools.records.store import Store, gpu_columns
+from tools.records.store import Attempt, Store, gpu_columns
 
 POLICIES = ("offline", "anthropic", "openai", "replay")
 LANGUAGES = ("triton", "ptx", "auto")
@@ -428,9 +428,9 @@ def resume(store: Store, run_id: str, max_attempts: int | None = None, hours: fl
 
 
 def run(r: Run, on_event: Callable[[dict], None] = lambda event: None,
-        session: EvaluatorSession | None = None) -> dict | None:
+        session: EvaluatorSession | None = None) -> Attempt | None:
     """Run the loop to a stop rule, keep what it taught in memory (settings["memory"]), and return the run's best
-    verified attempt (a row of the attempts table), or None. Events: the graph's (stage, attempt, api_error, stop),
+    verified attempt, or None. Events: the graph's (stage, attempt, api_error, stop),
     {"kind": "warning", "message"} and, after the loop, {"kind": "memory", "message"} per thing kept. Ctrl-C marks
     the run stopped and re-raises KeyboardInterrupt; a policy, target or database error marks it failed: RunFailed
     (memory is written only after a loop that ended by a stop rule). session: an evaluator to run in
@@ -511,8 +511,8 @@ def run_graph(store: Store, run_id: str, settings: dict, target, policy, gpu: di
         on_event({"kind": "stage", "branch": 0, "stage": "starting the evaluator"})
         session.start()
         best = store.best_attempt(run_id)
-        if best is not None and (best["time_us"] or {}).get("median"):  # a resumed run: its best is the bar again
-            session.restore_best(target, best["source"], best["number"], best["time_us"]["median"])
+        if best is not None and best.timed:  # a resumed run: its best is the bar again
+            session.restore_best(target, best.source, best.number, best.median_us)
         depth = pipeline_depth(settings, policy.name, session.planners, len(session.devices))
         loop = Loop(store=store, run_id=run_id, policy=policy, gpu=gpu,
                     evaluation=lambda source: session.submit(target, source),

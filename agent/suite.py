@@ -674,9 +674,8 @@ def _best_of(store: Store, run_id: str | None) -> dict | None:
     best = store.best_attempt(run_id)
     if best is None:
         return None
-    return {"number": best["number"], "speedup_eager": best["speedup_eager"],
-            "speedup_compile": best["speedup_compile"], "sol_fraction": best["sol_fraction"],
-            "timed": bool((best.get("time_us") or {}).get("median"))}
+    return {"number": best.number, "speedup_eager": best.speedup_eager,
+            "speedup_compile": best.speedup_compile, "sol_fraction": best.sol_fraction, "timed": best.timed}
 
 
 def tally(store: Store, rows: list[dict]) -> dict:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from agent.cli import app
 from tools.records import bench
 from tools.result import EvalResult, Roofline, Timing
-from tools.records.store import open_db
+from tools.records.store import Attempt, open_db
 
 REPO = Path(__file__).resolve().parents[1]
 ROW_KEYS = {"target", "kind", "run_id", "best_attempt", "best_language", "final_verdict", "eager_us", "compile_us",
@@ -104,8 +104,8 @@ def test_unwritable_json_path_is_refused_before_running(tmp_path):
 # -- the arithmetic, on numbers shaped like an H200's ---------------------------------------------------------------
 def attempt(number, language, verdict="correct", speedup=None, median=None, events_ms=None, wall=1.0):
     time_us = {"median": median, "events_total_ms": events_ms} if median else None
-    return {"number": number, "language": language, "verdict": verdict, "speedup_eager": speedup,
-            "time_us": time_us, "durations": {"attempt": wall}}
+    return Attempt.from_row({"id": number, "run_id": "r", "number": number, "language": language, "verdict": verdict,
+                             "speedup_eager": speedup, "time_us": time_us, "durations": {"attempt": wall}})
 
 
 def final_result(best_us, eager_us, compile_us, nbytes, flops=0):
@@ -121,7 +121,7 @@ def test_rows_fractions_and_goals_from_gpu_like_numbers():
                 attempt(2, "ptx", speedup=1.6, median=190.0, events_ms=5.7, wall=3.0),
                 attempt(3, "ptx", verdict="incorrect", wall=0.5)]
     # 800 MB in 200 us = 4000 GB/s: exactly the copy ceiling
-    fast = bench.target_row("vector_add", "r1", attempts, {"number": 2, "language": "ptx"},
+    fast = bench.target_row("vector_add", "r1", attempts, Attempt(id=2, run_id="r1", number=2, language="ptx"),
                             final_result(200.0, 300.0, 210.0, 800_000_000), 6.0, copy, None)
     assert fast["achieved_gbps"] == pytest.approx(4000) and fast["copy_fraction"] == pytest.approx(1.0)
     assert fast["best_triton"] == {"attempt": 1, "time_us": 200.0, "speedup_eager": 1.5}
@@ -129,7 +129,7 @@ def test_rows_fractions_and_goals_from_gpu_like_numbers():
     assert fast["overhead_s_median"] == pytest.approx(1.994)   # median of 1.994, 2.9943, 0.5
     assert fast["attempts_per_minute"] == pytest.approx(30.0)
     # 2*4096^3 flops in 250 us = 550 TFLOP/s against a 700 TFLOP/s cuBLAS: 79%
-    mm = bench.target_row("matmul_bf16", "r2", attempts[:1], {"number": 1, "language": "triton"},
+    mm = bench.target_row("matmul_bf16", "r2", attempts[:1], Attempt(id=1, run_id="r2", number=1, language="triton"),
                           final_result(250.0, 260.0, 240.0, 10**8, 2 * 4096**3), 30.0, copy, {"tflops": 700.0})
     assert mm["copy_fraction"] is None and mm["cublas_fraction"] == pytest.approx(2 * 4096**3 / 250e6 / 700)
     copy_goal, compile_goal, geomean_goal, cublas_goal, minutes_goal, rate_goal, fused_goal, count_goal = \

@@ -279,7 +279,7 @@ def test_resume_extends_a_finished_run(tmp_path):
     assert len(store.attempts(run_id)) == 2
     events = []
     run_loop(make_loop(store, run_id, ScriptedPolicy(), max_attempts=4), checkpoints, events.append, restart=True)
-    assert [a["number"] for a in store.attempts(run_id)] == [1, 2, 3, 4]
+    assert [a.number for a in store.attempts(run_id)] == [1, 2, 3, 4]
     assert store.get_run(run_id)["notes"] == "reached 4 attempts" and store.get_run(run_id)["status"] == "finished"
     assert [e["number"] for e in events if e["kind"] == "attempt"] == [3, 4]
     assert all(e["language"] == "triton" and e["source"] for e in events if e["kind"] == "attempt")

@@ -120,7 +120,7 @@ def e2e(tmp_path_factory):
 
 
 def verdicts(store, run_id: str) -> list[str]:
-    return [a["verdict"] for a in store.attempts(run_id)]
+    return [a.verdict for a in store.attempts(run_id)]
 
 
 def test_anthropic_run_logs_everything(e2e):
@@ -130,12 +130,12 @@ def test_anthropic_run_logs_everything(e2e):
     assert run["model"] == DEFAULT_MODEL and run["settings"]["model"] == DEFAULT_MODEL  # pinned for resume
     attempts = store.attempts(run_id)
     # The API failure made no attempt and spent none of the budget; the answer without code is a format_error.
-    assert [(a["number"], a["turn"], a["verdict"]) for a in attempts] == [
+    assert [(a.number, a.turn, a.verdict) for a in attempts] == [
         (1, 1, "incorrect"), (2, 2, "correct"), (3, 3, "format_error"), (4, 4, "correct")]
-    assert [a["source"] for a in attempts] == [WRONG, CORRECT, "", PROBE]
-    assert "max abs error" in attempts[0]["reasons"][0]
-    assert attempts[2]["reasoning"] == NO_CODE and "no submit_candidate call" in attempts[2]["reasons"][0]
-    assert attempts[1]["result"]["executed_on"] == "cpu-interpreter"
+    assert [a.source for a in attempts] == [WRONG, CORRECT, "", PROBE]
+    assert "max abs error" in attempts[0].reasons[0]
+    assert attempts[2].reasoning == NO_CODE and "no submit_candidate call" in attempts[2].reasons[0]
+    assert attempts[1].result.executed_on == "cpu-interpreter"
 
     messages = store.messages(run_id)
     # Requests in full: what the server received is what was logged (the SDK adds only the stream flag).
@@ -169,11 +169,11 @@ def test_anthropic_run_logs_everything(e2e):
     (answer,) = [m for m in messages if m["role"] == "tool_result"]
     assert call["content"]["name"] == "get_ptx" and call["content"]["input"] == {"attempt": 1}
     assert answer["content"]["tool_use_id"] == call["content"]["id"]
-    assert call["attempt_id"] == answer["attempt_id"] == attempts[1]["id"]
+    assert call["attempt_id"] == answer["attempt_id"] == attempts[1].id
     tool_result = bodies[3]["messages"][-1]["content"][0]
     assert tool_result["type"] == "tool_result" and tool_result["content"] == answer["content"]["content"]
     # The format error's model exchange is kept with its attempt (a negative example for training).
-    assert [m["role"] for m in messages if m["attempt_id"] == attempts[2]["id"]] == ["request", "response"]
+    assert [m["role"] for m in messages if m["attempt_id"] == attempts[2].id] == ["request", "response"]
 
 
 def test_openai_run_logs_everything_and_shows_the_gpu_from_turn_1(e2e):
@@ -201,10 +201,10 @@ def test_openai_run_logs_everything_and_shows_the_gpu_from_turn_1(e2e):
 
 def test_replay_repeats_the_candidates_offline_linked_to_the_original(e2e):
     store = e2e["store"]
-    original = [a["source"] for a in store.attempts(e2e["a"]) if a["source"]]
+    original = [a.source for a in store.attempts(e2e["a"]) if a.source]
     replayed = store.attempts(e2e["c"])
-    assert [a["source"] for a in replayed] == original == [WRONG, CORRECT, PROBE]
-    assert [a["verdict"] for a in replayed] == ["incorrect", "correct", "correct"]
+    assert [a.source for a in replayed] == original == [WRONG, CORRECT, PROBE]
+    assert [a.verdict for a in replayed] == ["incorrect", "correct", "correct"]
     run = store.get_run(e2e["c"])
     assert (run["parent_run_id"], run["parent_kind"], run["policy"]) == (e2e["a"], "replay-policy", "replay")
     assert run["status"] == "finished" and "nothing more to try" in run["notes"]
@@ -258,7 +258,7 @@ def test_the_api_key_never_reaches_a_candidate(e2e):
     probe = store.attempts(e2e["a"])[3]
     # The probe ran (rules off) in a worker while ANTHROPIC_API_KEY and OPENAI_API_KEY were set here: it raises
     # if any such variable reached it, so 'correct' means none did.
-    assert probe["source"] == PROBE and probe["verdict"] == "correct", probe["reasons"]
+    assert probe.source == PROBE and probe.verdict == "correct", probe.reasons
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
         env = clean_env(Path("/tmp"), cuda=False)

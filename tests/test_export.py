@@ -24,7 +24,7 @@ from agent.prompting import export_prompts  # noqa: E402
 from tools.records.export import (ExportOptions, breaks_rules, build_records, normalized_kernel_hash,  # noqa: E402
                           scalar_reward, split_targets)
 from tools.records.store import attempt_columns as store_columns  # noqa: E402
-from tools.records.store import open_db  # noqa: E402
+from tools.records.store import Attempt, open_db  # noqa: E402
 
 TARGET = '''import torch
 import torch.nn as nn
@@ -826,9 +826,12 @@ def test_failed_export_keeps_the_previous_file(runs_db, tmp_path):
 
 
 def test_only_a_rejected_kernel_breaks_the_rules():
-    assert breaks_rules({"verdict": "rejected", "source": "import os\n"})
-    assert not breaks_rules({"verdict": "format_error", "source": ""})
-    assert not breaks_rules({"verdict": "rejected", "source": ""})  # a format error as databases logged it before
+    def attempt(verdict, source):
+        return Attempt(id=1, run_id="r", number=1, verdict=verdict, source=source)
+
+    assert breaks_rules(attempt("rejected", "import os\n"))
+    assert not breaks_rules(attempt("format_error", ""))
+    assert not breaks_rules(attempt("rejected", ""))  # a format error as databases logged it before
 
 
 def test_export_reads_beside_a_writer_without_waiting(runs_db, tmp_path, monkeypatch):

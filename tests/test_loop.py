@@ -163,13 +163,13 @@ def test_attempts_are_logged_in_order_with_their_messages(store):
     run_id, status, events = go(store, ScriptedPolicy(["kernel 1", "kernel 3", "kernel 2"]), max_attempts=3)
     assert status == "finished"
     attempts = store.attempts(run_id)
-    assert [(a["number"], a["turn"], a["verdict"], a["speedup_eager"]) for a in attempts] == [
+    assert [(a.number, a.turn, a.verdict, a.speedup_eager) for a in attempts] == [
         (1, 1, "correct", 1.0), (2, 2, "correct", 3.0), (3, 3, "correct", 2.0)]
-    assert attempts[1]["reflection"] == "saw correct" and "memory-bound" in attempts[1]["diagnosis"]
-    assert attempts[1]["parent_attempt_id"] == attempts[0]["id"]  # built while attempt 1 was the best
-    assert [m["attempt_id"] for m in store.messages(run_id)] == [a["id"] for a in attempts]
+    assert attempts[1].reflection == "saw correct" and "memory-bound" in attempts[1].diagnosis
+    assert attempts[1].parent_attempt_id == attempts[0].id  # built while attempt 1 was the best
+    assert [m["attempt_id"] for m in store.messages(run_id)] == [a.id for a in attempts]
     run = store.get_run(run_id)
-    assert run["best_attempt_id"] == attempts[1]["id"] and run["notes"] == "reached 3 attempts"
+    assert run["best_attempt_id"] == attempts[1].id and run["notes"] == "reached 3 attempts"
     assert [e["number"] for e in events if e["kind"] == "attempt"] == [1, 2, 3]
     assert {"write", "assemble", "verify", "profile", "reflect"} <= {e["stage"] for e in events if e["kind"] == "stage"}
 
@@ -181,10 +181,10 @@ def test_best_after_names_the_best_the_loop_chose(store):
     run_id, _, _ = go(store, ScriptedPolicy(["wrong kernel 1", "kernel 2", "kernel tie 5", "kernel 3", "kernel 1"]),
                       max_attempts=5)
     attempts = store.attempts(run_id)
-    assert store.best_attempt(run_id)["number"] == 4
-    assert [(best_after(attempts[:n]) or {}).get("number") for n in range(1, 6)] == [None, 2, 2, 4, 4]
-    verified = [a for a in attempts if a["verdict"] == "correct"]
-    assert min(verified, key=fastest_key)["number"] == 3
+    assert store.best_attempt(run_id).number == 4
+    assert [getattr(best_after(attempts[:n]), "number", None) for n in range(1, 6)] == [None, 2, 2, 4, 4]
+    verified = [a for a in attempts if a.verdict == "correct"]
+    assert min(verified, key=fastest_key).number == 3
 
 
 def test_a_compile_error_and_a_wrong_answer_reach_the_next_context(store):
@@ -223,8 +223,8 @@ def test_branches_run_their_own_lineages_and_share_the_best(store):
     policy = ScriptedPolicy(["kernel 1", "kernel 2", "kernel 3"])
     run_id, status, _ = go(store, policy, max_attempts=6, branches=2)
     attempts = store.attempts(run_id)
-    assert [a["number"] for a in attempts] == [1, 2, 3, 4, 5, 6]
-    assert sorted((a["branch"], a["turn"]) for a in attempts) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    assert [a.number for a in attempts] == [1, 2, 3, 4, 5, 6]
+    assert sorted((a.branch, a.turn) for a in attempts) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
     for ctx in policy.contexts:  # each lineage sees its own history, and the run-wide best
         assert all(h.branch == ctx.branch for h in ctx.history)
     last = [c for c in policy.contexts if c.turn == 3]
@@ -242,7 +242,7 @@ def test_tool_calls_are_answered_before_the_candidate(store, monkeypatch):
     assert calls == [{"id": "t1", "name": "peek", "input": {}}]
     assert policy.contexts[2].tool_results[0]["content"] == "42"
     second = store.attempts(run_id)[1]
-    roles = [m["role"] for m in store.messages(run_id) if m["attempt_id"] == second["id"]]
+    roles = [m["role"] for m in store.messages(run_id) if m["attempt_id"] == second.id]
     assert roles == ["tool_call", "tool_result", "response"]
 
 
@@ -274,12 +274,12 @@ def test_api_failures_make_no_attempt_and_format_errors_do(store):
     assert status == "finished"
     attempts = store.attempts(run_id)
     # Two failed calls on turn 2 cost no attempt: the budget of 3 still holds turns 1-3.
-    assert [(a["turn"], a["verdict"]) for a in attempts] == [(1, "correct"), (2, "correct"), (3, "format_error")]
-    assert attempts[2]["source"] == "" and attempts[2]["reasoning"] == "Looks done to me."
-    assert attempts[2]["reasons"] == ["no submit_candidate call and no fenced block"]
+    assert [(a.turn, a.verdict) for a in attempts] == [(1, "correct"), (2, "correct"), (3, "format_error")]
+    assert attempts[2].source == "" and attempts[2].reasoning == "Looks done to me."
+    assert attempts[2].reasons == ["no submit_candidate call and no fenced block"]
     errors = [m for m in store.messages(run_id) if m["role"] == "error"]
     assert len(errors) == 2 and all(m["attempt_id"] is None and m["turn"] == 2 for m in errors)
-    assert [m["role"] for m in store.messages(run_id) if m["attempt_id"] == attempts[2]["id"]] == ["response"]
+    assert [m["role"] for m in store.messages(run_id) if m["attempt_id"] == attempts[2].id] == ["response"]
     assert [e["failures"] for e in events if e["kind"] == "api_error"] == [1, 2]
     assert policy.contexts[-1].history[-1].verdict == "correct"
 
@@ -297,7 +297,7 @@ def test_an_api_outage_fails_the_run_after_five_failures_in_a_row(store):
     assert sum(m["role"] == "error" for m in store.messages(run_id)) == MAX_API_FAILURES
     # Once the API is back, resume carries on from turn 2 (the failures are not attempts).
     assert run_loop(make_loop(store, run_id, policy, max_attempts=3), Path(f"{store.path}.checkpoints")) == "finished"
-    assert [a["turn"] for a in store.attempts(run_id)] == [1, 2, 3]
+    assert [a.turn for a in store.attempts(run_id)] == [1, 2, 3]
 
 
 def test_the_runs_gpu_facts_reach_the_policy_from_turn_1(store):
@@ -323,7 +323,7 @@ def test_ctrl_c_stops_the_run_and_resume_finishes_it(store):
         run_loop(make_loop(store, run_id, policy, max_attempts=5), checkpoints)
     assert store.get_run(run_id)["status"] == "stopped" and len(store.attempts(run_id)) == 2
     assert run_loop(make_loop(store, run_id, policy, max_attempts=5), checkpoints) == "finished"
-    assert [a["number"] for a in store.attempts(run_id)] == [1, 2, 3, 4, 5]
+    assert [a.number for a in store.attempts(run_id)] == [1, 2, 3, 4, 5]
 
 
 def test_an_error_raised_while_ctrl_c_unwinds_the_graph_stops_the_run_as_ctrl_c_does(store):
@@ -385,8 +385,8 @@ def test_killed_mid_run_then_resumed_has_no_gaps_or_duplicates(store, sig, statu
     resumed = _spawn(store.path, run_id, delay=0.0, max_attempts=8)
     assert resumed.wait(timeout=60) == 0, resumed.stderr.read().decode()[-2000:]
     attempts = store.attempts(run_id)
-    assert [a["number"] for a in attempts] == list(range(1, 9))
-    assert [a["source"] for a in attempts[:done_before]] == [f"kernel {n}" for n in range(1, done_before + 1)]
+    assert [a.number for a in attempts] == list(range(1, 9))
+    assert [a.source for a in attempts[:done_before]] == [f"kernel {n}" for n in range(1, done_before + 1)]
     assert store.get_run(run_id)["status"] == "finished"
 
 
@@ -409,10 +409,10 @@ def test_optimize_vector_add_end_to_end_on_cpu(cli, tmp_path):
     store = open_db(db, create=False)
     (run,) = store.list_runs()
     attempts = store.attempts(run["id"])
-    assert [a["number"] for a in attempts] == [1, 2, 3, 4]
-    assert all(a["verdict"] in ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected")
+    assert [a.number for a in attempts] == [1, 2, 3, 4]
+    assert all(a.verdict in ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected")
                for a in attempts)
-    assert attempts[0]["verdict"] == "correct" and attempts[0]["result"]["executed_on"] == "cpu-interpreter"
+    assert attempts[0].verdict == "correct" and attempts[0].result.executed_on == "cpu-interpreter"
     assert run["status"] == "finished" and run["settings"]["max_attempts"] == 4
     assert "seed" not in {k for k, v in run["settings"].items() if v is not None and k != "seed_kernel"}
     assert list(tmp_path.glob(f"{run['id']}_best_*.py"))
@@ -478,6 +478,6 @@ def test_optimize_on_a_gpu_records_timings_and_speedups(cli, tmp_path):
     store = open_db(db, create=False)
     (run,) = store.list_runs()
     best = store.best_attempt(run["id"])
-    assert best["result"]["executed_on"] == "cuda" and best["speedup_eager"] > 0 and best["sol_fraction"] > 0
+    assert best.result.executed_on == "cuda" and best.speedup_eager > 0 and best.sol_fraction > 0
     assert run["gpu_name"] and run["baselines"]["eager"]["median"] > 0
-    assert best["ptx"] and "registers" in best["diagnosis"]
+    assert best.result.ptx and "registers" in best.diagnosis

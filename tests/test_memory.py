@@ -326,7 +326,7 @@ def test_tuning_memory_seeds_the_next_run_on_another_shape(tmp_path):
     assert "memory: tunables of add_scaled for float32 2^11 on cpu-interpreter (attempt 3)" in first.output
     store = open_db(db, create=False, readonly=True)
     run1 = store.list_runs()[0]
-    assert [a["verdict"] for a in store.attempts(run1["id"])] == ["incorrect", "incorrect", "correct"]
+    assert [a.verdict for a in store.attempts(run1["id"])] == ["incorrect", "incorrect", "correct"]
     assert run1["settings"]["memory"] == str(memory.resolve()) and run1["settings"]["strategy"] == "refine"
     store.close()
 
@@ -336,13 +336,13 @@ def test_tuning_memory_seeds_the_next_run_on_another_shape(tmp_path):
     run2 = store.list_runs()[0]
     (attempt,) = store.attempts(run2["id"])
     # the first proposal uses the remembered tunables, and is verified at once (three attempts without memory)
-    assert read_marker(attempt["source"])["values"] == {"SCALE": 1.0} and attempt["verdict"] == "correct"
-    assert "tunables that won before" in attempt["reasoning"] and "float32 2^11" in attempt["reasoning"]
+    assert read_marker(attempt.source)["values"] == {"SCALE": 1.0} and attempt.verdict == "correct"
+    assert "tunables that won before" in attempt.reasoning and "float32 2^11" in attempt.reasoning
     assert run2["settings"]["memory_seeds"][0]["values"] == {"SCALE": 1.0}
     assert (run2["settings"]["memory_seeds"][0]["row_length"], run2["settings"]["memory_seeds"][0]["to_row_length"]) \
         == (1000, 3000)   # the rows it was tuned at and this target's (no row tile here to scale)
-    assert run2["settings"]["strategy"] == "metr" and attempt["parent_reason"].startswith("metr: no attempt yet")
-    assert attempt["archive_cell"] == "triton|?|sol?|occ?|add_scaled"
+    assert run2["settings"]["strategy"] == "metr" and attempt.parent_reason.startswith("metr: no attempt yet")
+    assert attempt.archive_cell == "triton|?|sol?|occ?|add_scaled"
     store.close()
     assert "memory: tunables of add_scaled for float32 2^13" in second.output
 

@@ -292,24 +292,24 @@ def test_pipelined_attempts_are_logged_in_proposal_order_with_their_lineage(stor
     pipeline.close()
     assert status == "finished"
     attempts = store.attempts(run_id)
-    assert [(a["number"], a["turn"], a["source"]) for a in attempts] == [
+    assert [(a.number, a.turn, a.source) for a in attempts] == [
         (n, n, f"kernel {s}") for n, s in enumerate((2, 1, 5, 3, 4, 6), start=1)]
     # Three proposals before anything was logged, each from the same (empty) state: no parent.
     first_three = [ctx for ctx, _ in policy.contexts[:3]]
     assert [c.turn for c in first_three] == [1, 2, 3] and all(not c.history for c in first_three)
-    assert [a["parent_attempt_id"] for a in attempts[:3]] == [None, None, None]
+    assert [a.parent_attempt_id for a in attempts[:3]] == [None, None, None]
     # Turn 4 was proposed once attempt 1 (the best then) was logged, and says so; turn 5 after attempt 2.
-    by_number = {a["number"]: a["id"] for a in attempts}
-    assert attempts[3]["parent_attempt_id"] == by_number[1] and attempts[4]["parent_attempt_id"] == by_number[1]
-    assert attempts[5]["parent_attempt_id"] == by_number[3]  # kernel 5 became the best at attempt 3
+    by_number = {a.number: a.id for a in attempts}
+    assert attempts[3].parent_attempt_id == by_number[1] and attempts[4].parent_attempt_id == by_number[1]
+    assert attempts[5].parent_attempt_id == by_number[3]  # kernel 5 became the best at attempt 3
     # The next candidates were being evaluated before attempt 1 was logged.
     logged_first = next(t for e, t in events if e["kind"] == "attempt" and e["number"] == 1)
     assert next(t for what, s, _, t in log if what == "plan_start" and s == "kernel 1") < logged_first
     assert next(t for what, s, _, t in log if what == "device_start" and s == "kernel 5") < logged_first + 10
     assert sum(1 for what, *_ in log if what == "plan_start") == 6
     # Active time counts each stretch of wall clock once, however many attempts overlapped it.
-    walls = [a["durations"]["wall"] for a in attempts]
-    spans = [a["durations"]["attempt"] for a in attempts]
+    walls = [a.durations["wall"] for a in attempts]
+    spans = [a.durations["attempt"] for a in attempts]
     assert sum(walls) < sum(spans) and store.progress(run_id)["seconds"] == pytest.approx(sum(walls))
 
 
@@ -331,7 +331,7 @@ def test_a_policy_that_waits_lets_the_attempts_in_flight_be_logged(store):
                       Path(f"{store.path}.checkpoints"))
     pipeline.close()
     assert status == "finished"
-    assert [(a["number"], a["turn"], a["source"]) for a in store.attempts(run_id)] == [
+    assert [(a.number, a.turn, a.source) for a in store.attempts(run_id)] == [
         (n, n, f"kernel {n}") for n in (1, 2, 3, 4)]
     waited = [ctx for ctx, _ in policy.contexts if ctx.turn == 3]
     assert len(waited) >= 2 and waited[0].in_flight == 2   # asked with two in flight, then again after a log
@@ -359,9 +359,9 @@ def test_a_would_be_best_timed_beside_an_older_best_is_paired_again(store):
     # All three were profiled before any was logged, so none was timed beside a standing best.
     assert made["kernel 3"].rejudged == [1]     # paired again, against attempt 1, when it was logged
     assert made["kernel 1"].rejudged == []       # slower than the best: nothing to pair
-    assert store.get_run(run_id)["best_attempt_id"] == attempts[1]["id"]
-    assert attempts[1]["result"]["vs_best"]["best_attempt"] == 1
-    assert "new_best_unpaired" not in attempts[1]["flags"]
+    assert store.get_run(run_id)["best_attempt_id"] == attempts[1].id
+    assert attempts[1].result.vs_best.best_attempt == 1
+    assert "new_best_unpaired" not in attempts[1].result.flags
 
 
 def run_pipelined(db_path: str, run_id: str, max_attempts: int, plan_s: float) -> None:
@@ -401,9 +401,9 @@ def test_a_pipelined_run_killed_mid_flight_resumes_without_gaps_or_duplicates(st
     resumed = _spawn(store.path, run_id, 9, 0.0)
     assert resumed.wait(timeout=120) == 0, resumed.stderr.read().decode()[-2000:]
     attempts = store.attempts(run_id)
-    assert [a["number"] for a in attempts] == list(range(1, 10))
-    assert [a["turn"] for a in attempts] == list(range(1, 10))
-    assert [a["source"] for a in attempts] == [f"kernel {n}" for n in range(1, 10)]
+    assert [a.number for a in attempts] == list(range(1, 10))
+    assert [a.turn for a in attempts] == list(range(1, 10))
+    assert [a.source for a in attempts] == [f"kernel {n}" for n in range(1, 10)]
     assert store.get_run(run_id)["status"] == "finished"
 
 
@@ -484,12 +484,12 @@ def test_ray_run_loses_only_the_evaluation_of_a_node_killed_mid_run(tmp_path):
         ray.shutdown()
         cluster.shutdown()
     assert killed and lost >= 1
-    assert [a["number"] for a in attempts] == [1, 2, 3, 4, 5, 6]
-    assert all(a["verdict"] in ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected")
+    assert [a.number for a in attempts] == [1, 2, 3, 4, 5, 6]
+    assert all(a.verdict in ("correct", "incorrect", "compile_error", "runtime_error", "timeout", "rejected")
                for a in attempts)
-    assert sum(any(f.startswith("device_lost") for f in (a["flags"] or [])) for a in attempts) >= 1
+    assert sum(any(f.startswith("device_lost") for f in (a.result.flags or [])) for a in attempts) >= 1
     assert killed["device"] not in survivors and len(survivors) == 1
-    assert best is not None and best["verdict"] == "correct"
+    assert best is not None and best.verdict == "correct"
 
 
 # -- quiet GPUs: jailed processes stopped while a kernel is timed ------------------------------------------------------

@@ -21,7 +21,7 @@ from fakes import openai_server as fo  # noqa: E402
 import evaluated  # noqa: E402
 from tools.records.export import model_turns  # noqa: E402
 from tools.result import Correctness  # noqa: E402
-from tools.records.store import attempt_columns, open_db  # noqa: E402
+from tools.records.store import Attempt, attempt_columns, open_db  # noqa: E402
 
 TARGET = '''import torch
 import torch.nn as nn
@@ -75,7 +75,7 @@ ADD_BYTES = 48_600_000   # at the H200's 4800 GB/s, 10.125 us: 81% of speed-of-l
 def view(number: int, verdict="correct", source=TRITON, speedup=1.3, diagnosis="memory bound at 81% of peak",
          **result_fields) -> AttemptView:
     """An earlier attempt as the prompts see it: an evaluator result (tests/evaluated.py), stored as the graph
-    stores it (tools.records.store.attempt_columns) and read back as the graph reads it (prompting.attempt_view). Correct
+    stores it (tools.records.store.attempt_columns) and read back as the graph reads it (AttemptView.of). Correct
     ones ran 12.5 us at `speedup` over eager, with Nsight Compute counters."""
     timed = verdict == "correct"
     counters = evaluated.counters("add_kernel", dram_pct=88.0, sm_pct=20.0, achieved_occupancy_pct=91.0,
@@ -85,9 +85,9 @@ def view(number: int, verdict="correct", source=TRITON, speedup=1.3, diagnosis="
         nbytes=ADD_BYTES, flops=67108864, reasons=[] if timed else [f"reason of attempt {number}"],
         ncu=counters if timed else None, resources=evaluated.resources("add_kernel", registers=24) if timed else [],
         **result_fields)
-    row = {"id": number, "number": number, "branch": 0, "source": source, "diagnosis": diagnosis,
+    row = {"id": number, "run_id": "r", "number": number, "branch": 0, "source": source, "diagnosis": diagnosis,
            **attempt_columns(result)}
-    return prompting.attempt_view(row)
+    return AttemptView.of(Attempt.from_row(row))
 
 
 def context(history=(), tool_results=(), branch=0, language="auto", gpu=GPU) -> ProposeContext:
@@ -458,7 +458,7 @@ def test_the_live_policy_the_replay_policy_and_export_read_an_answer_alike(provi
                           "attempt_id": 7} for m in proposal.messages]
     replayed = candidate_from_response(response["provider"], response["content"])
     assert (replayed.language, replayed.source, replayed.rationale) == ("triton", TRITON, "masked")
-    (turn,) = model_turns([{"id": 7, "number": 1}], [request, response])
+    (turn,) = model_turns([Attempt(id=7, run_id="r", number=1)], [request, response])
     assert turn.completion["content"] == "One block per program."
     assert turn.completion.get("reasoning_content") == ("vectorize" if provider == "anthropic" else None)
     (call,) = turn.completion["tool_calls"]

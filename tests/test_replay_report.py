@@ -14,7 +14,7 @@ from agent.reverify import compare
 from tools.records.report import NO_TIMING_NOTE, NO_TIMING_SENTENCE, leaderboard, progress_figure, roofline_figure
 from tools.result import VsBest
 from tools.records.store import attempt_columns as store_columns
-from tools.records.store import open_db
+from tools.records.store import Attempt, open_db
 
 
 def cli() -> typer.Typer:
@@ -219,23 +219,26 @@ def test_replay_reverifies_on_cpu_and_flags_disagreements(tmp_path):
     new_run = next(r for r in store.list_runs() if r["parent_run_id"] == run_id)
     assert new_run["parent_kind"] == "reverify" and new_run["status"] == "finished"
     new_attempts = store.attempts(new_run["id"])
-    assert [(a["number"], a["verdict"]) for a in new_attempts] == [(1, "correct"), (2, "incorrect")]
-    assert new_attempts[0]["time_us"] is None and new_attempts[0]["result"]["executed_on"] == "cpu-interpreter"
-    assert new_run["best_attempt_id"] == new_attempts[0]["id"]
+    assert [(a.number, a.verdict) for a in new_attempts] == [(1, "correct"), (2, "incorrect")]
+    assert new_attempts[0].time_us is None and new_attempts[0].result.executed_on == "cpu-interpreter"
+    assert new_run["best_attempt_id"] == new_attempts[0].id
     store.close()
 
 
 def test_replay_compare_time_tolerance():
-    old = {"verdict": "correct", "time_us": timing(10.0)}          # iqr 0.4 us
-    assert compare(old, {"verdict": "correct", "time_us": timing(10.9)}) == []          # within 10%
-    assert compare(old, {"verdict": "correct", "time_us": timing(14.0)}) == ["time 10 us -> 14 us (+40%)"]
-    noisy = {"verdict": "correct", "time_us": {**timing(10.0), "iqr": 1.0}}
-    assert compare(noisy, {"verdict": "correct", "time_us": {**timing(15.0), "iqr": 1.0}}) == []  # 3 x 2 us spread
-    flip = compare(old, {"verdict": "incorrect", "time_us": None, "result": {"checks": 2},
-                         "reasons": ["main shape, trial 3 (signed inputs): ..."]})
+    def attempt(**row):
+        return Attempt.from_row({"id": 1, "run_id": "r", "number": 1, **row})
+
+    old = attempt(verdict="correct", time_us=timing(10.0))          # iqr 0.4 us
+    assert compare(old, attempt(verdict="correct", time_us=timing(10.9))) == []          # within 10%
+    assert compare(old, attempt(verdict="correct", time_us=timing(14.0))) == ["time 10 us -> 14 us (+40%)"]
+    noisy = attempt(verdict="correct", time_us={**timing(10.0), "iqr": 1.0})
+    assert compare(noisy, attempt(verdict="correct", time_us={**timing(15.0), "iqr": 1.0})) == []  # 3 x 2 us spread
+    flip = compare(old, attempt(verdict="incorrect", time_us=None, result={"checks": 2},
+                                reasons=["main shape, trial 3 (signed inputs): ..."]))
     assert flip == ["verdict correct -> incorrect (checks v0 -> v2: main shape, trial 3 (signed inputs): ...)"]
     # another GPU model (an H200's log re-verified on an H100): the verdict is compared, the time is not
-    assert compare(old, {"verdict": "correct", "time_us": timing(14.0)}, same_gpu=False) == []
+    assert compare(old, attempt(verdict="correct", time_us=timing(14.0)), same_gpu=False) == []
 
 
 def test_replay_bad_input_is_one_line(tmp_path):
@@ -263,8 +266,8 @@ def test_replay_times_on_gpu(tmp_path):
     store.close()
     outcome = reverify(run_id, db, "best")
     new = outcome.rows[0].new
-    assert outcome.new_gpu and new["verdict"] == "correct"
-    assert new["time_us"]["median"] > 0 and new["speedup_eager"] > 0 and new["result"]["executed_on"] == "cuda"
+    assert outcome.new_gpu and new.verdict == "correct"
+    assert new.median_us > 0 and new.speedup_eager > 0 and new.result.executed_on == "cuda"
     console = Console(width=200, record=True)
     console.print(comparison_table(outcome))
     assert NOT_TIMED not in console.export_text()

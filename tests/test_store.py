@@ -1,6 +1,8 @@
+import ast
 import json
 import sqlite3
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +11,8 @@ from agent.policy import Message
 from tools.result import EvalResult
 from tools.records.store import (ATTEMPT_COLUMNS, FASTEST_ORDER, SCHEMA_VERSION, StoreError, attempt_columns, fastest_key,
                          open_db, source_hash)
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -30,13 +34,14 @@ def test_round_trip_decodes_json_and_links_messages(db):
     run = db.get_run(run_id)
     assert run["settings"] == {"max_attempts": 3, "hours": None} and run["status"] == "running"
     attempts = db.attempts(run_id)
-    assert [a["number"] for a in attempts] == [1, 2, 3]
-    assert attempts[0]["time_us"] == {"median": 3.0} and attempts[0]["result"] == {"verdict": "correct"}
-    assert attempts[2]["reasons"] == ["line 4: bad"]
-    assert attempts[0]["source_hash"] == source_hash("x = 1")
+    assert [a.number for a in attempts] == [1, 2, 3]
+    assert attempts[0].to_dict()["time_us"] == {"median": 3.0} and attempts[0].to_dict()["result"] == {"verdict": "correct"}
+    assert attempts[0].median_us == 3.0 and attempts[0].timed and attempts[0].result == EvalResult(verdict="correct")
+    assert attempts[2].reasons == ["line 4: bad"] and attempts[2].median_us is None and not attempts[2].timed
+    assert attempts[0].source_hash == source_hash("x = 1")
     assert db.best_attempt(run_id) is None  # the best is what the loop names, never a guess from the columns
     db.update_run(run_id, best_attempt_id=second)
-    assert db.best_attempt(run_id)["id"] == second and db.progress(run_id)["best_speedup"] == 2.5
+    assert db.best_attempt(run_id).id == second and db.progress(run_id)["best_speedup"] == 2.5
     messages = db.messages(run_id)
     assert [(m["seq"], m["role"], m["attempt_id"]) for m in messages] == [(1, "request", first), (2, "response", first)]
     assert messages[0]["content"] == {"prompt": "go"}
@@ -56,7 +61,7 @@ def test_attempt_numbers_are_per_run_and_survive_reopening(tmp_path):
     db.close()
     db = open_db(path, create=False)
     assert db.next_attempt_number(a) == 3 and db.next_attempt_number(b) == 2
-    assert [x["number"] for x in db.attempts(a)] == [1, 2]
+    assert [x.number for x in db.attempts(a)] == [1, 2]
 
 
 def test_a_failed_transaction_leaves_nothing(db):
@@ -129,7 +134,7 @@ def test_read_only_open_reads_without_the_write_lock_and_refuses_writes(tmp_path
     try:
         reader = open_db(path, create=False, readonly=True, timeout=0.1)
         assert reader.get_run(run_id)["gpu"] == {"name": "NVIDIA H200", "sms": 132}
-        assert [a["number"] for a in reader.attempts(run_id)] == [1]
+        assert [a.number for a in reader.attempts(run_id)] == [1]
     finally:
         holder.execute("ROLLBACK")
     with pytest.raises(StoreError, match="opened read-only"):
@@ -185,8 +190,8 @@ def test_ptx_and_sass_are_stored_once_and_read_back_in_the_result(db):
     stored = db.db.execute("SELECT length(result), length(sass) FROM attempts").fetchone()
     assert stored[0] < 2_000 < 30_000 < stored[1]
     (row,) = db.attempts(run_id)
-    assert EvalResult.from_dict(row["result"]) == result   # the result reads back whole
-    assert row["result"]["sass"] == row["sass"] == result.sass
+    assert row.result == result   # the result reads back whole
+    assert row.to_dict()["result"]["sass"] == row.to_dict()["sass"] == result.sass
 
 
 def test_history_reads_each_attempt_once_without_its_sass(db):
@@ -197,20 +202,20 @@ def test_history_reads_each_attempt_once_without_its_sass(db):
     run_id, other = db.create_run(target_name="t"), db.create_run(target_name="u")
     db.add_attempt(run_id, source="a", branch=0, **attempt_columns(result))
     db.add_attempt(other, source="elsewhere")
-    assert [a["source"] for a in db.history(run_id)] == ["a"]
+    assert [a.source for a in db.history(run_id)] == ["a"]
     first = db.history(run_id)[0]
-    assert "sass" not in first and "sass" not in first["result"] and first["result"]["ptx"] == result.ptx
+    assert "sass" not in first.to_dict() and not first.result.sass and first.result.ptx == result.ptx
     db.add_attempt(run_id, source="b", branch=1, verdict="correct")
-    assert [a["source"] for a in db.history(run_id)] == ["a", "b"] and db.history(run_id)[0] is first   # read once
+    assert [a.source for a in db.history(run_id)] == ["a", "b"] and db.history(run_id)[0] is first   # read once
     with pytest.raises(RuntimeError):   # rolled back: read inside the transaction, then gone
         with db.transaction():
             db.add_attempt(run_id, source="lost", branch=0)
-            assert [a["source"] for a in db.history(run_id)] == ["a", "b", "lost"]
+            assert [a.source for a in db.history(run_id)] == ["a", "b", "lost"]
             raise RuntimeError("crash before the commit")
     db.add_attempt(run_id, source="c", branch=0)
-    assert [(a["number"], a["source"]) for a in db.history(run_id)] == [(1, "a"), (2, "b"), (3, "c")]
-    assert [a["source"] for a in db.history(run_id, 0)] == ["a", "c"]
-    assert [a["source"] for a in db.attempts(run_id)] == ["a", "b", "c"]
+    assert [(a.number, a.source) for a in db.history(run_id)] == [(1, "a"), (2, "b"), (3, "c")]
+    assert [a.source for a in db.history(run_id, 0)] == ["a", "c"]
+    assert [a.source for a in db.attempts(run_id)] == ["a", "b", "c"]
 
 
 def test_why_a_hidden_variant_failed_is_kept_for_the_operator_alone(db):
@@ -220,10 +225,10 @@ def test_why_a_hidden_variant_failed_is_kept_for_the_operator_alone(db):
     assert "withheld" not in columns["result"] and "(7, 13)" not in json.dumps(result.to_dict())
     run_id = db.create_run(target_name="t")
     db.add_attempt(run_id, source="a", **columns)
-    assert db.attempts(run_id)[0]["withheld"] == result.withheld          # kloop show's view
-    assert db.attempts(run_id)[0]["reasons"] == ["hidden variant 2: runtime_error"]
-    assert "withheld" not in db.history(run_id)[0]                        # what the loop and its policy read
-    assert "(7, 13)" not in json.dumps(db.history(run_id)[0], default=str)
+    assert db.attempts(run_id)[0].withheld == result.withheld          # kloop show's view
+    assert db.attempts(run_id)[0].reasons == ["hidden variant 2: runtime_error"]
+    assert db.history(run_id)[0].withheld is None                        # what the loop and its policy read
+    assert "(7, 13)" not in json.dumps(db.history(run_id)[0].to_dict(), default=str)
 
 
 def test_fastest_is_one_order_in_sql_and_in_python(tmp_path):
@@ -235,9 +240,9 @@ def test_fastest_is_one_order_in_sql_and_in_python(tmp_path):
         db.add_attempt(run_id, verdict="correct", speedup_eager=speedup)
     in_sql = [row["number"] for row in db.db.query(
         f"SELECT number FROM attempts WHERE run_id = ? ORDER BY {FASTEST_ORDER}", [run_id])]
-    in_python = [row["number"] for row in sorted(db.attempts(run_id), key=fastest_key)]
+    in_python = [row.number for row in sorted(db.attempts(run_id), key=fastest_key)]
     assert in_sql == in_python == [3, 1, 4, 6, 2, 5]
-    assert min(db.attempts(run_id), key=fastest_key)["number"] == 3
+    assert min(db.attempts(run_id), key=fastest_key).number == 3
 
 
 def test_attempts_record_the_gpu_that_ran_them_and_older_files_gain_the_column(tmp_path):
@@ -254,11 +259,11 @@ def test_attempts_record_the_gpu_that_ran_them_and_older_files_gain_the_column(t
     db.db.execute("ALTER TABLE attempts DROP COLUMN gpu")
     db.close()
     old = open_db(path, create=False, readonly=True)
-    assert "gpu" not in old.attempts(run_id)[0]
+    assert "gpu" not in old.attempts(run_id)[0].to_dict()
     old.close()
     db = open_db(path, create=False)
     db.add_attempt(run_id, source="b", **on_gpu)
-    assert [a["gpu"] for a in db.attempts(run_id)] == [None, on_gpu["gpu"]]
+    assert [a.gpu for a in db.attempts(run_id)] == [None, on_gpu["gpu"]]
 
 
 def test_active_seconds_count_the_wall_time_each_attempt_added(tmp_path):
@@ -300,3 +305,51 @@ def test_the_offline_marker_is_read_from_the_first_line_only_and_only_as_an_obje
     # a model may write the same words: anything but a JSON object after them is no marker
     assert [offline_marker(s) for s in (OFFLINE_MARK + "[1, 2]\n", OFFLINE_MARK + "{not json\n", "x = 1\n" + marked,
                                         None)] == [None, None, None, None]
+
+
+# The keys "time_us" and "result" are read off a dict only by the store (its rows) and, elsewhere, off these dicts,
+# none of them an attempt: (module, the dict as written) -> what it is.
+ATTEMPT_KEYS = {"time_us", "result"}
+STORE_MODULE = "tools/records/store.py"
+NOT_ATTEMPTS = {
+    ("tools/result.py", "data"): "EvalResult.from_dict reads an evaluator result's own JSON",
+    ("agent/serve.py", "response"): "the HTTP service's reply: the evaluator's result under 'result'",
+    ("agent/serve.py", "reply"): "the evaluator worker's reply, the same",
+    ("agent/serve_client.py", "answer"): "the client reads the service's reply",
+    ("agent/cmd_bench.py", "best"): "a bench table cell (tools.records.bench.fastest_by_language): its median 'time_us'",
+    ("agent/cmd_loop.py", "r"): "a leaderboard row (tools.records.report.leaderboard): its median 'time_us'",
+}
+
+
+def attempt_key_reads(path) -> list[tuple[str, str, int, str]]:
+    """(module, the dict as written, line, key) wherever a module reads "time_us" or "result" off a dict:
+    d["time_us"], d.get("result")."""
+    module = path.relative_to(REPO).as_posix()
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Subscript):
+            read, key = node.value, node.slice
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args):
+            read, key = node.func.value, node.args[0]
+        else:
+            continue
+        if isinstance(key, ast.Constant) and key.value in ATTEMPT_KEYS:
+            found.append((module, ast.unparse(read), node.lineno, key.value))
+    return found
+
+
+def test_only_the_store_reads_attempts_by_column_name():
+    paths = sorted(p for package in ("agent", "tools") for p in (REPO / package).rglob("*.py"))
+    reads = [f"{module}:{line} reads {key!r} off {read}" for path in paths
+             for module, read, line, key in attempt_key_reads(path)
+             if module != STORE_MODULE and (module, read) not in NOT_ATTEMPTS]
+    assert not reads, "read an attempt through tools.records.store.Attempt's fields:\n" + "\n".join(reads)
+
+
+def test_the_column_name_check_sees_subscripts_and_gets(tmp_path, monkeypatch):
+    monkeypatch.setattr(f"{__name__}.REPO", tmp_path)
+    module = tmp_path / "m.py"
+    module.write_text('a = row["time_us"]\nb = (row.get("result") or {}).get("gpu")\nc = row["speedup_eager"]\n'
+                      'd = {"time_us": 1}\n')
+    assert attempt_key_reads(module) == [("m.py", "row", 1, "time_us"), ("m.py", "row", 2, "result")]

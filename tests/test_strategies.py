@@ -16,7 +16,7 @@ from agent.strategies import (STRATEGIES, Archive, cell_of, choose, descriptors,
 from agent.strategies.evolve import build_islands, island_of
 from tools.result import EvalResult, Resources, Roofline, Timing
 from tools.records.store import offline_marker as read_marker
-from tools.records.store import open_db
+from tools.records.store import Attempt, open_db
 
 
 # -- a constructed archive ---------------------------------------------------------------------------------------
@@ -28,9 +28,9 @@ def row(number, verdict="correct", speedup=None, branch=0, island=None, bound=No
     if occupancy is not None:
         result.resources = [Resources(kernel="k", source="triton", registers=40, occupancy=occupancy)]
     source = f'# kloop-offline: {{"template": "{template}", "values": {{"BLOCK": 256, "num_warps": 4}}}}\nx = {number}'
-    return {"id": 100 + number, "number": number, "branch": branch, "verdict": verdict, "speedup_eager": speedup,
-            "sol_fraction": sol, "language": language, "source": source, "result": result.to_dict(),
-            "island": island, "parent_attempt_id": parent}
+    return Attempt.from_row({"id": 100 + number, "run_id": "r", "number": number, "branch": branch, "verdict": verdict,
+                             "speedup_eager": speedup, "sol_fraction": sol, "language": language, "source": source,
+                             "result": result.to_dict(), "island": island, "parent_attempt_id": parent})
 
 
 ROWS = [row(1, "incorrect"), row(2, speedup=1.0, bound="memory", sol=0.3, occupancy=0.5),
@@ -44,34 +44,34 @@ def pick(name, rows=ROWS, best=104, seed=0, branch=0, turn=1, **kw):
 
 def test_refine_builds_on_the_best_and_shows_the_whole_history():
     p = pick("refine")
-    assert p.attempt["number"] == 4 and p.shown is None and p.show_best and not p.show_parent
+    assert p.attempt.number == 4 and p.shown is None and p.show_best and not p.show_parent
     assert p.reason == "refine: the run's best, attempt #4"
     assert pick("refine", rows=ROWS[:1], best=None).attempt is None
 
 
 def test_best_of_n_samples_from_the_starting_point_and_sees_no_siblings():
     p = pick("best-of-n")
-    assert p.attempt["number"] == 2 and [r["number"] for r in p.shown] == [2] and not p.show_best
+    assert p.attempt.number == 2 and [r.number for r in p.shown] == [2] and not p.show_best
     empty = pick("best-of-n", rows=ROWS[:1], best=None)
     assert empty.attempt is None and empty.shown == [] and "target alone" in empty.reason
 
 
 def test_metr_draws_parents_by_efficiency_squared_deterministically():
-    verified = [r for r in ROWS if r["verdict"] == "correct"]
+    verified = [r for r in ROWS if r.verdict == "correct"]
     assert weights(verified) == pytest.approx([1 / 21, 4 / 21, 16 / 21])
     assert [efficiency(r) for r in verified] == [1.0, 2.0, 4.0]
-    assert efficiency({"speedup_eager": None, "sol_fraction": 0.25}) == 2.5 and efficiency({}) == 1.0
-    draws = [pick("metr", seed=s).attempt["number"] for s in range(400)]
-    assert [pick("metr", seed=s).attempt["number"] for s in range(400)] == draws  # same seed, same parent
+    assert efficiency(row(1, sol=0.25)) == 2.5 and efficiency(row(1)) == 1.0
+    draws = [pick("metr", seed=s).attempt.number for s in range(400)]
+    assert [pick("metr", seed=s).attempt.number for s in range(400)] == draws  # same seed, same parent
     share = {n: draws.count(n) / len(draws) for n in (2, 3, 4)}
     assert share[4] == pytest.approx(16 / 21, abs=0.06) and share[2] == pytest.approx(1 / 21, abs=0.04)
     p = pick("metr", seed=3)
-    assert p.shown == [p.attempt] and p.show_best and p.reason.startswith(f"metr: sampled attempt #{p.attempt['number']}")
+    assert p.shown == [p.attempt] and p.show_best and p.reason.startswith(f"metr: sampled attempt #{p.attempt.number}")
     # untimed kernels (CPU interpreter) are drawn uniformly; nothing verified: fix the branch's latest attempt
     untimed = [row(n) for n in (1, 2, 3)]
     assert weights(untimed) == pytest.approx([1 / 3] * 3)
     failed = pick("metr", rows=[row(1, "incorrect"), row(2, "incorrect", branch=1)], best=None)
-    assert failed.attempt["number"] == 1 and "no verified kernel yet" in failed.reason
+    assert failed.attempt.number == 1 and "no verified kernel yet" in failed.reason
 
 
 def test_descriptors_use_what_kloop_measures_and_fall_back_without_a_gpu():
@@ -91,12 +91,12 @@ def test_evolve_archive_islands_and_migration():
             row(3, speedup=2.0, island=0, bound="memory", sol=0.3, occupancy=0.5),   # same cell as 1, fitter
             row(4, "incorrect", island=1)]
     before = build_islands(Archive(rows, None, islands=2, migrate_every=8))
-    assert {c: r["number"] for c, r in before[0].items()} == {"triton|memory|sol25-50|occ50-75|t/block": 3}
-    assert {c: r["number"] for c, r in before[1].items()} == {"triton|memory|sol50-75|occ50-75|t/block": 2}
+    assert {c: r.number for c, r in before[0].items()} == {"triton|memory|sol25-50|occ50-75|t/block": 3}
+    assert {c: r.number for c, r in before[1].items()} == {"triton|memory|sol50-75|occ50-75|t/block": 2}
     # after attempt 4 (migrate_every=4) each island's best elite is copied to the next island (a ring)
     after = build_islands(Archive(rows, None, islands=2, migrate_every=4))
-    assert sorted(r["number"] for r in after[0].values()) == [2, 3]
-    assert sorted(r["number"] for r in after[1].values()) == [2, 3]
+    assert sorted(r.number for r in after[0].values()) == [2, 3]
+    assert sorted(r.number for r in after[1].values()) == [2, 3]
     assert island_of(Archive(rows), branch=0, turn=1) == 0 and island_of(Archive(rows), branch=1, turn=1) == 1
     assert island_of(Archive(rows), branch=0, turn=2) == 1
 
@@ -118,23 +118,23 @@ def test_evolve_parent_selection_rule():
     evolve = make_strategy("evolve")
     archive = Archive(rows, None, islands=2, migrate_every=100)
     exploit = evolve.pick(archive, FixedDraw(0.95), branch=0, turn=1)
-    assert exploit.attempt["number"] == 2 and exploit.island == 0 and "exploit: island 0's best elite" in exploit.reason
+    assert exploit.attempt.number == 2 and exploit.island == 0 and "exploit: island 0's best elite" in exploit.reason
     assert exploit.cell == "triton|memory|sol50-75|occ50-75|t/block"
-    assert [r["number"] for r in exploit.shown] == [3, 1, 2]  # two inspirations, fittest first, then the parent
+    assert [r.number for r in exploit.shown] == [3, 1, 2]  # two inspirations, fittest first, then the parent
     assert "diversity" in evolve.pick(archive, FixedDraw(0.2), 0, 1).reason
     explore = evolve.pick(archive, FixedDraw(0.05), 0, 1)
-    assert "explore" in explore.reason and explore.attempt["number"] in (1, 2, 3, 4)
-    assert evolve.pick(archive, FixedDraw(0.95), branch=0, turn=2).attempt["number"] == 4  # island 1
+    assert "explore" in explore.reason and explore.attempt.number in (1, 2, 3, 4)
+    assert evolve.pick(archive, FixedDraw(0.95), branch=0, turn=2).attempt.number == 4  # island 1
     # exploit ties (untimed) go to the elite with the fewest children
     untimed = [row(1, island=0, template="a"), row(2, island=0, template="b"), row(3, island=0, template="c", parent=101)]
-    assert evolve.pick(Archive(untimed, None), FixedDraw(0.95), 0, 1).attempt["number"] == 2
+    assert evolve.pick(Archive(untimed, None), FixedDraw(0.95), 0, 1).attempt.number == 2
     nothing = evolve.pick(Archive([row(1, "incorrect")], None), FixedDraw(0.95), 0, 1)
-    assert nothing.attempt["number"] == 1 and nothing.island == 0 and "no verified kernel yet" in nothing.reason
+    assert nothing.attempt.number == 1 and nothing.island == 0 and "no verified kernel yet" in nothing.reason
 
 
 def test_every_strategy_is_a_deterministic_function_of_the_attempts_and_the_seed():
     for name in STRATEGIES:
-        picks = {(pick(name, seed=5, turn=t).attempt or {}).get("number") for _ in range(3) for t in (3,)}
+        picks = {getattr(pick(name, seed=5, turn=t).attempt, "number", None) for _ in range(3) for t in (3,)}
         assert len(picks) == 1, name
     with pytest.raises(ValueError, match="unknown strategy"):
         make_strategy("greedy")
@@ -207,9 +207,9 @@ def run(store, strategy, max_attempts, run_id=None, policy=None, restart=False, 
 
 
 def trace(store, run_id):
-    by_id = {a["id"]: a["number"] for a in store.attempts(run_id)}
-    return [(a["number"], by_id.get(a["parent_attempt_id"]), a["parent_reason"], a["archive_cell"], a["island"],
-             a["source"]) for a in store.attempts(run_id)]
+    by_id = {a.id: a.number for a in store.attempts(run_id)}
+    return [(a.number, by_id.get(a.parent_attempt_id), a.parent_reason, a.archive_cell, a.island,
+             a.source) for a in store.attempts(run_id)]
 
 
 @pytest.fixture
@@ -242,7 +242,7 @@ def test_what_each_strategy_shows_the_next_proposal(store):
     assert ctx.parent is None and len(ctx.history) == 4 and ctx.best is not None and ctx.strategy == "refine"
     ctx, attempts = seen["best-of-n"]
     assert ctx.parent.number == 1 and [v.number for v in ctx.history] == [1] and ctx.best is None
-    assert all(a["parent_attempt_id"] == attempts[0]["id"] for a in attempts[1:])
+    assert all(a.parent_attempt_id == attempts[0].id for a in attempts[1:])
     ctx, attempts = seen["metr"]
     assert ctx.parent is not None and [v.number for v in ctx.history] == [ctx.parent.number]
     assert ctx.parent_reason.startswith("metr: sampled attempt")
@@ -253,9 +253,9 @@ def test_what_each_strategy_shows_the_next_proposal(store):
 def test_strategies_run_with_branches(store):
     run_id = run(store, "evolve", 6, branches=2)
     attempts = store.attempts(run_id)
-    assert len(attempts) == 6 and {a["branch"] for a in attempts} == {0, 1}
+    assert len(attempts) == 6 and {a.branch for a in attempts} == {0, 1}
     # attempt t of branch b is on island (b + t - 1) mod 2
-    assert all(a["island"] == (a["branch"] + a["turn"] - 1) % 2 for a in attempts)
+    assert all(a.island == (a.branch + a.turn - 1) % 2 for a in attempts)
 
 
 def test_the_loop_reads_the_strategy_from_plain_settings(store):

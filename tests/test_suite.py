@@ -519,11 +519,11 @@ def test_a_suite_on_cpu_survives_kill_9_and_ctrl_c_and_skips_a_broken_problem(tm
     assert len(runs) == 3 and all(r["status"] == "finished" for r in runs)
     for run in runs:  # one attempt each, numbered once: nothing lost or done twice across the kill and the Ctrl-C
         (attempt,) = store.attempts(run["id"])
-        assert attempt["number"] == 1 and attempt["verdict"] == "correct", attempt["reasons"]
-        assert attempt["result"]["executed_on"] == "cpu-interpreter"
+        assert attempt.number == 1 and attempt.verdict == "correct", attempt.reasons
+        assert attempt.result.executed_on == "cpu-interpreter"
         # the Inductor starter, at its defaults: elementwise, reduction and norm kernels verified by the evaluator
-        assert attempt["source"].split("\n", 1)[1] == run["settings"]["inductor_starter"]["source"]
-        assert json.loads(attempt["source"].split("\n", 1)[0].split(": ", 1)[1])["template"] == \
+        assert attempt.source.split("\n", 1)[1] == run["settings"]["inductor_starter"]["source"]
+        assert json.loads(attempt.source.split("\n", 1)[0].split(": ", 1)[1])["template"] == \
             f"inductor/{run['target_name']}"
     summary = report["summary"]
     assert (summary["finished"], summary["verified"], summary["timing_is_real"]) == (4, 3, False)
@@ -568,7 +568,7 @@ def test_lanes_run_problems_side_by_side_and_stop_and_resume_together(tmp_path):
     store = open_db(db, create=False, readonly=True)
     for run in store.list_runs():  # one attempt each across the Ctrl-C, numbered once
         (attempt,) = store.attempts(run["id"])
-        assert attempt["number"] == 1 and attempt["verdict"] == "correct", attempt["reasons"]
+        assert attempt.number == 1 and attempt.verdict == "correct", attempt.reasons
     # attempt lines of lanes side by side carry their problem
     lines = [line for line in output.decode().splitlines() if "#1 (branch 0)" in line]
     assert lines and all(line.startswith("level1/") for line in lines), lines
@@ -610,7 +610,7 @@ def test_lanes_on_two_gpus_run_each_problem_on_a_gpu_of_its_own(tmp_path):
     store = open_db(db, create=False, readonly=True)
     gpus = []
     for run in store.list_runs():
-        used = {(a["gpu"] or {}).get("index") for a in store.attempts(run["id"])}
+        used = {(a.gpu or {}).get("index") for a in store.attempts(run["id"])}
         assert len(used) == 1, used   # one lane, one GPU: its timings compared on that GPU alone
         gpus += used
     assert sorted(gpus) == [0, 1]

@@ -117,7 +117,7 @@ class OfflinePolicy:
         if fixed:
             return Proposal("triton", "", fixed, done=True)
         if self.store is not None:   # every branch's attempts (the history shown may be a part of them)
-            tried = {a["source_hash"] for a in self.store.history(ctx.run_id)}
+            tried = {a.source_hash for a in self.store.history(ctx.run_id)}
         else:
             tried = {source_hash(a.source) for a in ctx.history}
         with self.lock:
@@ -270,8 +270,7 @@ class OfflinePolicy:
         are the last anchors, so the policy runs dry only when the whole run has been searched around."""
         if ctx.strategy == "refine" or self.store is None:
             return []
-        from agent.prompting import attempt_view
-        return [attempt_view(row) for row in self.store.history(ctx.run_id)]
+        return [AttemptView.of(attempt) for attempt in self.store.history(ctx.run_id)]
 
     def prefetch(self, source: str) -> Future:
         """Start compiling the Triton source to PTX for the target's main shape, once per source."""

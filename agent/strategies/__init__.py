@@ -7,9 +7,9 @@ One interface, one small module per strategy:
 - `archive` (Archive) is built from the run's logged attempts only; `rng` is `random.Random` seeded from the run's
   stored seed, the branch and the turn (`rng_for`). So a pick is a deterministic function of the database: a resumed
   run (or one replayed after a crash) makes the same choices, and `kloop show` can explain each one.
-- `Parent.attempt` is an attempts-table row (None: start from the target alone); `reason` is logged with the new
+- `Parent.attempt` is a logged Attempt (None: start from the target alone); `reason` is logged with the new
   attempt (attempts.parent_reason), `cell` is the parent's MAP-Elites cell, `island` the island it was picked for.
-- What the next proposal sees: `shown` (attempt rows; None = this branch's whole history, as refine) and `show_best`
+- What the next proposal sees: `shown` (attempts; None = this branch's whole history, as refine) and `show_best`
   (the run's best). Every policy reads the same ProposeContext: model policies get the parent in the prompt
   (agent/prompts/turn.md.j2), the offline policy searches around it first.
 
@@ -28,6 +28,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tools.records.store import Attempt
 from tools.result import EvalResult
 
 STRATEGIES = ("refine", "best-of-n", "metr", "evolve")
@@ -35,17 +36,17 @@ STRATEGIES = ("refine", "best-of-n", "metr", "evolve")
 
 @dataclass
 class Parent:
-    attempt: dict | None                 # an attempts row, or None: start from the target alone
+    attempt: Attempt | None              # None: start from the target alone
     reason: str
     cell: str | None = None              # the parent's archive cell (evolve), else None
     island: int | None = None            # the island this attempt belongs to (evolve), else None
-    shown: list[dict] | None = None      # attempts the proposal sees; None: the branch's whole history (refine)
+    shown: list[Attempt] | None = None   # attempts the proposal sees; None: the branch's whole history (refine)
     show_best: bool = True               # whether the run's best is shown too
     show_parent: bool = True             # refine's parent is just the best, already shown: not repeated
 
     @property
     def attempt_id(self) -> int | None:
-        return self.attempt["id"] if self.attempt else None
+        return self.attempt.id if self.attempt else None
 
 
 class Strategy(Protocol):
@@ -57,7 +58,7 @@ class Strategy(Protocol):
 @dataclass
 class Archive:
     """The run's logged attempts, as strategies read them (number order)."""
-    attempts: list[dict]
+    attempts: list[Attempt]
     best_id: int | None = None
     islands: int = 2                      # evolve
     migrate_every: int = 4                # evolve
@@ -65,43 +66,43 @@ class Archive:
 
     def __post_init__(self):
         for a in self.attempts:
-            if a.get("parent_attempt_id") is not None:
-                self.children[a["parent_attempt_id"]] = self.children.get(a["parent_attempt_id"], 0) + 1
+            if a.parent_attempt_id is not None:
+                self.children[a.parent_attempt_id] = self.children.get(a.parent_attempt_id, 0) + 1
 
     @property
-    def verified(self) -> list[dict]:
-        return [a for a in self.attempts if a.get("verdict") == "correct"]
+    def verified(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.verdict == "correct"]
 
     @property
-    def best(self) -> dict | None:
-        return next((a for a in self.attempts if a["id"] == self.best_id), None)
+    def best(self) -> Attempt | None:
+        return next((a for a in self.attempts if a.id == self.best_id), None)
 
-    def of_branch(self, branch: int) -> list[dict]:
-        return [a for a in self.attempts if (a.get("branch") or 0) == branch]
+    def of_branch(self, branch: int) -> list[Attempt]:
+        return [a for a in self.attempts if a.branch == branch]
 
     def fallback(self, branch: int, name: str) -> Parent:
         """No verified kernel yet: fix the branch's latest attempt, or start from the target alone."""
         mine = self.of_branch(branch)
         if mine:
             return Parent(mine[-1], f"{name}: no verified kernel yet, so from this branch's latest attempt "
-                                    f"#{mine[-1]['number']}", shown=[mine[-1]])
+                                    f"#{mine[-1].number}", shown=[mine[-1]])
         return Parent(None, f"{name}: no attempt yet, so from the target alone", shown=[])
 
 
-def efficiency(row: dict) -> float:
+def efficiency(row: Attempt) -> float:
     """How good a verified kernel is: its speedup over eager when timed, else its speed-of-light fraction x 10 (on
     the same footing as a speedup near 1 for a kernel at 10% SOL), else 1.0 (untimed, as under the CPU interpreter:
     every verified kernel counts the same)."""
-    if row.get("speedup_eager") is not None:
-        return max(float(row["speedup_eager"]), 0.0)
-    if row.get("sol_fraction") is not None:
-        return max(float(row["sol_fraction"]) * 10, 0.0)
+    if row.speedup_eager is not None:
+        return max(float(row.speedup_eager), 0.0)
+    if row.sol_fraction is not None:
+        return max(float(row.sol_fraction) * 10, 0.0)
     return 1.0
 
 
-def fitness_key(row: dict) -> tuple:
+def fitness_key(row: Attempt) -> tuple:
     """Higher is better; ties go to the earlier attempt (as the loop keeps the first of equals as its best)."""
-    return (efficiency(row), -row["number"])
+    return (efficiency(row), -row.number)
 
 
 def bucket(fraction: float | None, label: str) -> str:
@@ -143,11 +144,11 @@ def descriptors(language: str, result: EvalResult, source: str) -> dict:
             "sol": bucket(roofline.sol_fraction if roofline else None, "sol"), "occ": occ, "tmpl": template}
 
 
-def cell_of(row: dict) -> str | None:
+def cell_of(row: Attempt) -> str | None:
     """The MAP-Elites cell of a logged attempt ('|'-joined descriptors); None for one that was not verified."""
-    if row.get("verdict") != "correct":
+    if row.verdict != "correct":
         return None
-    return cell_of_result(row.get("language") or "", EvalResult.from_dict(row.get("result")), row.get("source") or "")
+    return cell_of_result(row.language or "", row.result, row.source or "")
 
 
 def cell_of_result(language: str, result: EvalResult, source: str) -> str | None:
@@ -178,7 +179,7 @@ def choose(store, run_id: str, settings, branch: int, turn: int) -> Parent:
     return strategy.pick(archive, rng_for(getattr(settings, "strategy_seed", 0) or 0, branch, turn), branch, turn)
 
 
-def weights(rows: list[dict], power: float = 2.0) -> list[float]:
+def weights(rows: list[Attempt], power: float = 2.0) -> list[float]:
     """Sampling weights proportional to efficiency**power (metr), normalized."""
     raw = [efficiency(r) ** power for r in rows]
     total = sum(raw)

@@ -18,7 +18,7 @@ class BestOfN:
         if not verified:
             return Parent(None, "best-of-n: an independent sample from the target alone", shown=[], show_best=False)
         start = verified[0]
-        return Parent(start, f"best-of-n: an independent sample from the starting point, attempt #{start['number']}",
+        return Parent(start, f"best-of-n: an independent sample from the starting point, attempt #{start.number}",
                       shown=[start], show_best=False)
 
 

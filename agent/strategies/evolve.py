@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 
 from agent.strategies import Archive, Parent, cell_of, efficiency, fitness_key
+from tools.records.store import Attempt
 
 EXPLORE = 0.1
 DIVERSITY = 0.2
@@ -32,27 +33,27 @@ def island_of(archive: Archive, branch: int, turn: int) -> int:
     return (branch + turn - 1) % archive.islands
 
 
-def build_islands(archive: Archive) -> list[dict[str, dict]]:
-    """Per island, cell -> elite row, after folding every logged attempt and every migration in order."""
-    islands: list[dict[str, dict]] = [{} for _ in range(archive.islands)]
+def build_islands(archive: Archive) -> list[dict[str, Attempt]]:
+    """Per island, cell -> elite attempt, after folding every logged attempt and every migration in order."""
+    islands: list[dict[str, Attempt]] = [{} for _ in range(archive.islands)]
     cells: dict[int, str | None] = {}
 
-    def cell(row: dict) -> str | None:
-        if row["id"] not in cells:
-            cells[row["id"]] = cell_of(row)
-        return cells[row["id"]]
+    def cell(row: Attempt) -> str | None:
+        if row.id not in cells:
+            cells[row.id] = cell_of(row)
+        return cells[row.id]
 
-    def place(island: dict, row: dict) -> None:
+    def place(island: dict, row: Attempt) -> None:
         c = cell(row)
         if c is not None and (c not in island or fitness_key(row) > fitness_key(island[c])):
             island[c] = row
 
     for row in archive.attempts:
-        if row.get("verdict") == "correct":
-            home = row.get("island")
-            home = (row.get("branch") or 0) if home is None else home
+        if row.verdict == "correct":
+            home = row.island
+            home = row.branch if home is None else home
             place(islands[home % archive.islands], row)
-        if archive.islands > 1 and row["number"] % archive.migrate_every == 0:
+        if archive.islands > 1 and row.number % archive.migrate_every == 0:
             migrants = [max(island.values(), key=fitness_key) if island else None for island in islands]
             for i, migrant in enumerate(migrants):
                 if migrant is not None:
@@ -66,9 +67,9 @@ class Evolve:
     def pick(self, archive: Archive, rng: random.Random, branch: int, turn: int) -> Parent:
         islands = build_islands(archive)
         home = island_of(archive, branch, turn)
-        mine = sorted(islands[home].values(), key=lambda r: r["number"])
-        everyone = sorted({r["id"]: r for island in islands for r in island.values()}.values(),
-                          key=lambda r: r["number"])
+        mine = sorted(islands[home].values(), key=lambda r: r.number)
+        everyone = sorted({r.id: r for island in islands for r in island.values()}.values(),
+                          key=lambda r: r.number)
         r = rng.random()
         if not everyone:
             parent = archive.fallback(branch, self.name)
@@ -81,11 +82,11 @@ class Evolve:
         elif r < EXPLORE + DIVERSITY:
             chosen, why = rng.choice(mine), f"diversity: a random elite of island {home}"
         else:
-            chosen = max(mine, key=lambda a: (efficiency(a), -archive.children.get(a["id"], 0), -a["number"]))
+            chosen = max(mine, key=lambda a: (efficiency(a), -archive.children.get(a.id, 0), -a.number))
             why = f"exploit: island {home}'s best elite"
         cell = cell_of(chosen)
-        others = sorted((a for a in mine if a["id"] != chosen["id"]), key=fitness_key, reverse=True)[:INSPIRATIONS]
-        return Parent(chosen, f"evolve: {why}, attempt #{chosen['number']} in cell {cell} "
+        others = sorted((a for a in mine if a.id != chosen.id), key=fitness_key, reverse=True)[:INSPIRATIONS]
+        return Parent(chosen, f"evolve: {why}, attempt #{chosen.number} in cell {cell} "
                               f"({len(islands[home])} cells on island {home}, {len(everyone)} elites in all)",
                       cell=cell, island=home, shown=others + [chosen])
 

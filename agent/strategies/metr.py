@@ -25,7 +25,7 @@ class Metr:
         p = weights(verified, POWER)
         chosen = rng.choices(range(len(verified)), weights=p, k=1)[0]
         parent = verified[chosen]
-        return Parent(parent, f"metr: sampled attempt #{parent['number']} (efficiency {efficiency(parent):.3g}, "
+        return Parent(parent, f"metr: sampled attempt #{parent.number} (efficiency {efficiency(parent):.3g}, "
                               f"p={p[chosen]:.2f} of {len(verified)} verified)", shown=[parent])
 
 

@@ -14,7 +14,7 @@ class Refine:
         best = archive.best
         if best is None:
             return Parent(None, "refine: no verified kernel yet; from this branch's history", show_parent=False)
-        return Parent(best, f"refine: the run's best, attempt #{best['number']}", show_parent=False)
+        return Parent(best, f"refine: the run's best, attempt #{best.number}", show_parent=False)
 
 
 STRATEGY = Refine()

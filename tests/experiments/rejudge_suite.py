@@ -22,28 +22,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.reverify import checks_of  # noqa: E402
 from sandbox.evaluate import EvalSettings, Session  # noqa: E402
 from tools.result import CHECKS_VERSION  # noqa: E402
-from tools.records.store import open_db  # noqa: E402
+from tools.records.store import Attempt, open_db  # noqa: E402
 from tools.target import TargetError, check_reference, load_target  # noqa: E402
 
 
-def verified_bests(db: str) -> list[tuple[dict, dict]]:
+def verified_bests(db: str) -> list[tuple[dict, Attempt]]:
     """(run, best attempt) for every run whose best is verified, by problem name."""
     store = open_db(db, create=False, readonly=True)
     pairs = []
     for run in store.list_runs():
         best = store.best_attempt(run["id"])
-        if best is not None and best["verdict"] == "correct":
+        if best is not None and best.verdict == "correct":
             pairs.append((run, best))
     return sorted(pairs, key=lambda pair: pair[0].get("target_name") or "")
 
 
-def rejudge(session: Session, run: dict, best: dict, directory: Path) -> dict:
+def rejudge(session: Session, run: dict, best: Attempt, directory: Path) -> dict:
     began = time.perf_counter()
-    row = {"problem": run.get("target_name"), "run": run["id"], "attempt": best["number"], "old": best["verdict"],
-           "old_checks": checks_of(best), "checks": CHECKS_VERSION}
+    row = {"problem": run.get("target_name"), "run": run["id"], "attempt": best.number, "old": best.verdict,
+           "old_checks": best.result.checks, "checks": CHECKS_VERSION}
     path = directory / f"{run.get('target_name') or 'target'}.py"
     path.write_text(run["target_source"])
     try:
@@ -51,7 +50,7 @@ def rejudge(session: Session, run: dict, best: dict, directory: Path) -> dict:
         check_reference(target)
     except TargetError as e:
         return {**row, "new": "target_refused", "reason": str(e)[:500], "seconds": time.perf_counter() - began}
-    with session.evaluation(target, best["source"]) as ev:
+    with session.evaluation(target, best.source) as ev:
         ev.assemble()
         ev.verify()
     result = ev.result

@@ -91,7 +91,7 @@ def main() -> None:
     run_loop(loop, tmp / "sim.checkpoints")
     wall = time.monotonic() - began
     pipeline.close()
-    walls = [a["durations"]["wall"] for a in store.attempts(run_id)]
+    walls = [a.durations["wall"] for a in store.attempts(run_id)]
     stalls = [w for w in walls[1:] if w > 3]
     print(f"{sys.argv[1] if sys.argv[1:] else 'as it is'}: {len(walls)} attempts in {wall:.1f} s = "
           f"{len(walls) / wall * 60:.0f}/min; {len(stalls)} gaps over 3 s between two logged attempts "

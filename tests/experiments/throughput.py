@@ -146,17 +146,17 @@ def one_target(store, name: str, seconds: float, evaluator: dict, session) -> di
     final = None
     if best is not None:  # on the session's first device, warm, nothing else running
         target = load_target(name)
-        with session.evaluation(target, best["source"], EvalSettings(baselines=("eager",))) as ev:
+        with session.evaluation(target, best.source, EvalSettings(baselines=("eager",))) as ev:
             ev.assemble(), ev.verify(), ev.profile()
         final = ev.result
     seconds_of = bench.evaluation_seconds(attempts)
-    walls = [(a["durations"] or {}).get("wall") for a in attempts]
+    walls = [(a.durations or {}).get("wall") for a in attempts]
     after_first = sum(w for w in walls[1:] if w) if len(attempts) > 1 and None not in walls else None
-    waits = [(a["durations"] or {}).get("waited", {}) for a in attempts]
+    waits = [(a.durations or {}).get("waited", {}) for a in attempts]
     verdicts = {}
     for a in attempts:
-        verdicts[a["verdict"]] = verdicts.get(a["verdict"], 0) + 1
-    gpus = sorted({(a["gpu"] or {}).get("index") for a in attempts if a["gpu"]}, key=str)
+        verdicts[a.verdict] = verdicts.get(a.verdict, 0) + 1
+    gpus = sorted({(a.gpu or {}).get("index") for a in attempts if a.gpu}, key=str)
     return {
         "target": name, "run_id": run.id, "attempts": len(attempts), "loop_s": wall,
         "per_minute": len(attempts) / wall * 60 if wall else None, "verdicts": verdicts, "gpus_used": gpus,
@@ -164,10 +164,10 @@ def one_target(store, name: str, seconds: float, evaluator: dict, session) -> di
         "overhead_beyond_compile_s": seconds_of["beyond_compile"], "device_s": seconds_of["device"],
         "compile_s": seconds_of["compile"],
         "planner_acquire_s": median_of([w.get("planner:acquire") for w in waits]),
-        "queued_s": median_of([(a["durations"] or {}).get("queued") for a in attempts]),
-        "best_attempt": best["number"] if best else None, "best_language": best["language"] if best else None,
-        "best_run_us": (best["time_us"] or {}).get("median") if best else None,
-        "best_run_cv": (best["time_us"] or {}).get("cv") if best else None,
+        "queued_s": median_of([(a.durations or {}).get("queued") for a in attempts]),
+        "best_attempt": best.number if best else None, "best_language": best.language if best else None,
+        "best_run_us": best.median_us if best else None,
+        "best_run_cv": (best.time_us.cv if best.time_us else None) if best else None,
         "final_verdict": final.verdict if final else None,
         "final_reasons": final.reasons[:3] if final else None,
         "final_us": final.median_us if final else None,
@@ -278,14 +278,14 @@ def write_timeline(store, report: dict, path: Path) -> None:
             for t in (report.get(key) or {}).get("targets", []):
                 logged = 0.0
                 for a in store.attempts(t["run_id"]):
-                    d = a["durations"] or {}
+                    d = a.durations or {}
                     waited, calls = d.get("waited") or {}, d.get("calls") or {}
                     logged += d.get("wall") or 0.0
-                    out.writerow([key, t["target"], a["number"], a["language"], a["verdict"], d.get("device"),
+                    out.writerow([key, t["target"], a.number, a.language, a.verdict, d.get("device"),
                                   round(logged, 3), d.get("attempt"), d.get("wall"), d.get("waiting"),
                                   waited.get("planner:acquire"), waited.get("planner:build"), d.get("plan"),
                                   d.get("queued"), d.get("load"), d.get("verify"), d.get("profile"),
-                                  waited.get("sass"), (a["time_us"] or {}).get("median"),
+                                  waited.get("sass"), a.median_us,
                                   _summed(calls, "referee"), _summed(waited, "referee"),
                                   _summed(calls, "executor"), _summed(waited, "executor")])
 

@@ -1,15 +1,15 @@
 """The numbers behind `kloop bench`: device ceilings (copy bandwidth, cuBLAS), per-target rows, geomeans, goals.
 
 GPU measurements use tools.profile.time_interleaved in this process, so the ceilings are measured the same way and
-in the same session as the kernels they are compared with. Everything else works on plain dicts (evaluator results
-and run-database attempt rows) and runs anywhere.
+in the same session as the kernels they are compared with. Everything else works on evaluator results and the
+run database's Attempts, and runs anywhere.
 """
 from __future__ import annotations
 
 import statistics
 
 from tools.result import EvalResult
-from tools.records.store import fastest_key
+from tools.records.store import Attempt, fastest_key
 from tools.records.suite_report import geomean
 
 MEMORY_BOUND = ("vector_add", "gelu", "softmax", "layernorm", "rmsnorm", "row_sum")
@@ -69,29 +69,29 @@ def kind_of(target_name: str) -> str:
     return "memory" if target_name in MEMORY_BOUND else "matmul" if target_name in MATMUL else "other"
 
 
-def fastest_by_language(attempts: list[dict]) -> dict[str, dict | None]:
+def fastest_by_language(attempts: list[Attempt]) -> dict[str, dict | None]:
     """The fastest correct Triton and PTX attempts of a run (tools.records.store.fastest_key), or None: the table's
     best_triton / best_ptx columns, which need not hold the run's best."""
     fastest = {}
     for language in ("triton", "ptx"):
-        correct = [a for a in attempts if a["verdict"] == "correct" and a["language"] == language]
+        correct = [a for a in attempts if a.verdict == "correct" and a.language == language]
         top = min(correct, key=fastest_key, default=None)
-        fastest[language] = {"attempt": top["number"], "time_us": (top["time_us"] or {}).get("median"),
-                             "speedup_eager": top["speedup_eager"]} if top else None
+        fastest[language] = {"attempt": top.number, "time_us": top.median_us,
+                             "speedup_eager": top.speedup_eager} if top else None
     return fastest
 
 
-def evaluation_seconds(attempts: list[dict]) -> dict[str, float | None]:
+def evaluation_seconds(attempts: list[Attempt]) -> dict[str, float | None]:
     """Medians over evaluated attempts, in seconds, from the evaluator's own durations: `beyond_compile` (its busy
     time less the planner's compile and the kernel's timed calls), `device` (load + verify + profile: the GPU's time
     per candidate, which bounds a pipelined run's rate) and `compile` (the planner's builds)."""
     found: dict[str, list[float]] = {"beyond_compile": [], "device": [], "compile": []}
     for a in attempts:
-        d = a["durations"] or {}
+        d = a.durations or {}
         if d.get("busy") is None:
             continue
         build = (d.get("waited") or {}).get("planner:build", 0.0)
-        kernel_s = ((a["time_us"] or {}).get("events_total_ms") or 0.0) / 1000
+        kernel_s = ((a.time_us.events_total_ms if a.time_us else None) or 0.0) / 1000
         found["beyond_compile"].append(d["busy"] - build - kernel_s)
         found["compile"].append(build)
         if d.get("load") is not None:
@@ -99,18 +99,18 @@ def evaluation_seconds(attempts: list[dict]) -> dict[str, float | None]:
     return {k: statistics.median(v) if v else None for k, v in found.items()}
 
 
-def evaluator_overhead_s(attempts: list[dict]) -> float | None:
+def evaluator_overhead_s(attempts: list[Attempt]) -> float | None:
     """Median over attempts of (attempt wall time - the candidate's own kernel time in its timed calls), seconds."""
     overheads = []
     for a in attempts:
-        wall = (a["durations"] or {}).get("attempt")
+        wall = (a.durations or {}).get("attempt")
         if wall is not None:
-            kernel_ms = (a["time_us"] or {}).get("events_total_ms") or 0.0
+            kernel_ms = (a.time_us.events_total_ms if a.time_us else None) or 0.0
             overheads.append(wall - kernel_ms / 1000)
     return statistics.median(overheads) if overheads else None
 
 
-def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, final: EvalResult | None,
+def target_row(name: str, run_id: str, attempts: list[Attempt], best: Attempt | None, final: EvalResult | None,
                loop_seconds: float, copy: dict | None, cublas: dict | None) -> dict:
     """One table row: the final interleaved measurement of the best attempt (`final`: its evaluator result, timed
     together with eager and compile), the run's attempt statistics, and the achieved rate against the device ceiling
@@ -127,7 +127,7 @@ def target_row(name: str, run_id: str, attempts: list[dict], best: dict | None, 
     per_language = fastest_by_language(attempts)
     return {
         "target": name, "kind": kind, "run_id": run_id,
-        "best_attempt": best["number"] if best else None, "best_language": best["language"] if best else None,
+        "best_attempt": best.number if best else None, "best_language": best.language if best else None,
         "final_verdict": final.verdict, "final_reasons": final.reasons,
         "eager_us": (baselines.get("eager") or {}).get("median"),
         "compile_us": (baselines.get("compile") or {}).get("median"),

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable
 from tools.records import wire
 from tools.records.decontaminate import DecontaminationError, load_problems, match, problem
 from tools.records.reward import REWARD_FORMULA, reward_components, scalar_reward
-from tools.records.store import OFFLINE_MARK, Store, StoreError, fastest_key, offline_marker, open_db
+from tools.records.store import Attempt, OFFLINE_MARK, Store, StoreError, fastest_key, offline_marker, open_db
 from tools.records.wire import SUBMIT
 
 FORMATS = ("trl", "openai", "rl", "verl", "kernelbook", "flashinfer")
@@ -74,7 +74,7 @@ class ExportError(Exception):
 class Prompts:
     """The wording of a rebuilt offline-policy conversation, given by the caller (agent.prompting.export_prompts)."""
     system: Callable[[str, bool], str]              # (language, tools) -> the system prompt
-    turn: Callable[[dict, dict | None, list[dict], int], str]   # (run, gpu, earlier attempt rows, turn) -> the
+    turn: Callable[[dict, dict | None, list[Attempt], int], str]   # (run, gpu, earlier attempts, turn) -> the
                                                     # user message: the target, then this turn's evidence
     submit_tool: dict                               # submit_candidate, chat-completions form
 
@@ -210,55 +210,44 @@ def kloop_version() -> str:
         return "unknown"
 
 
-def _result(attempt: dict) -> dict:
-    result = attempt.get("result")
-    return result if isinstance(result, dict) else {}
-
-
-def _provenance(db_path: Path, run: dict, attempt: dict, license: str | None) -> dict:
+def _provenance(db_path: Path, run: dict, attempt: Attempt, license: str | None) -> dict:
     """Where a row came from. The GPU is the one the attempt executed on: a CPU-interpreter attempt claims none."""
     versions = dict(run.get("versions") or {})
-    result = _result(attempt)
-    versions.update({k: v for k, v in (result.get("versions") or {}).items() if v})
-    executed_on = result.get("executed_on")
-    gpu = result.get("gpu") if executed_on == "cuda" else None
+    result = attempt.result
+    versions.update({k: v for k, v in (result.versions or {}).items() if v})
+    executed_on = result.executed_on
+    gpu = result.gpu if executed_on == "cuda" else None
     run_gpu = run.get("gpu") if isinstance(run.get("gpu"), dict) else {}
     on_gpu = executed_on == "cuda"
-    nvml = result.get("nvml") or {}
-    timing = result.get("time_us") or {}
-    flags = list(result.get("flags") or [])
+    nvml = result.nvml or {}
+    flags = list(result.flags or [])
+    compile_baseline = (result.baselines or {}).get("compile")
     return {
         "kloop_version": kloop_version(),
         "db": str(Path(db_path).resolve()),
-        "run_id": run["id"], "attempt_id": attempt["id"], "attempt_number": attempt["number"],
-        "branch": attempt.get("branch") or 0, "created_at": attempt.get("created_at"),
+        "run_id": run["id"], "attempt_id": attempt.id, "attempt_number": attempt.number,
+        "branch": attempt.branch or 0, "created_at": attempt.created_at,
         "target_name": run.get("target_name"),
         "target_sha256": run.get("target_sha256") or hashlib.sha256((run.get("target_source") or "").encode()).hexdigest(),
         "executed_on": executed_on,
-        "checks": int(result.get("checks") or 0),   # tools.result.CHECKS_VERSION of the verdict (0: before versions)
+        "checks": int(result.checks or 0),   # tools.result.CHECKS_VERSION of the verdict (0: before versions)
         "gpu": ((gpu or {}).get("name") or (run_gpu or {}).get("name") or run.get("gpu_name")) if on_gpu else None,
         "driver": ((gpu or {}).get("driver") or run.get("driver")) if on_gpu else None,
         "cuda": ((gpu or {}).get("cuda") or versions.get("cuda") or run.get("cuda")) if on_gpu else None,
         "versions": {k: versions.get(k) for k in ("torch", "triton", "cupy", "python")},
         "timing": {"flags": flags, "throttled": bool(nvml.get("throttled")),
                    "remeasured": any("measured again" in f or "re-measured" in f or "remeasured" in f for f in flags),
-                   "derived_compile_baseline": bool(((result.get("baselines") or {}).get("compile") or {})
-                                                    .get("derived_from_eager")),
-                   "timed": bool(timing) and on_gpu},
+                   "derived_compile_baseline": bool(compile_baseline and compile_baseline.derived_from_eager),
+                   "timed": result.time_us is not None and on_gpu},
         "policy": run.get("policy"), "model": run.get("model") or None,
         # how the candidate's processes were isolated when it was judged (sandbox/jail.py): weaker modes say so
-        "isolation": result.get("isolation") or run.get("isolation"),
+        "isolation": result.isolation or run.get("isolation"),
         "license": license,
     }
 
 
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
-
-
-def _median_us(attempt: dict) -> float | None:
-    timing = attempt.get("time_us")
-    return _float(timing.get("median")) if isinstance(timing, dict) else None
 
 
 # -- conversations ---------------------------------------------------------------------------------------------------
@@ -269,14 +258,14 @@ def _median_us(attempt: dict) -> float | None:
 @dataclass
 class Turn:
     """One submission with the conversation that led to it."""
-    attempt: dict
+    attempt: Attempt
     prompt: list[dict]        # every message before the submitting assistant turn
     completion: dict          # the assistant turn that submitted the attempt
     tools: list[dict]
-    context: list[dict] = field(default_factory=list)   # attempts submitted earlier in `prompt`, in order
+    context: list[Attempt] = field(default_factory=list)   # attempts submitted earlier in `prompt`, in order
 
 
-def offline_turns(run: dict, attempts: list[dict], prompts: Prompts | None, text: bool = False) -> list[Turn]:
+def offline_turns(run: dict, attempts: list[Attempt], prompts: Prompts | None, text: bool = False) -> list[Turn]:
     """A branch of an offline-policy run as the requests a model policy would have sent: per attempt, a fresh
     conversation (system prompt; the target and this turn's evidence, i.e. the earlier attempts, the last few in full)
     answered by a submit_candidate call carrying the attempt (with `text`: kloop's plain-text protocol, a fenced
@@ -287,20 +276,20 @@ def offline_turns(run: dict, attempts: list[dict], prompts: Prompts | None, text
         raise ExportError("offline-policy runs are rebuilt with the model prompts: pass ExportOptions.prompts "
                           "(agent.prompting.export_prompts())")
     language = (run.get("settings") or {}).get("language") or "auto"
-    gpu = next((_result(a).get("gpu") for a in attempts if _result(a).get("executed_on") == "cuda"), None)
+    gpu = next((a.result.gpu for a in attempts if a.result.executed_on == "cuda"), None)
     system = {"role": "system", "content": prompts.system(language, not text)}
     tools = [] if text else [prompts.submit_tool]
     turns = []
     for i, attempt in enumerate(attempts):
-        reasoning = attempt.get("reasoning") or ""
-        lang = attempt.get("language") or "triton"
-        source = without_offline_mark(attempt.get("source") or "")
+        reasoning = attempt.reasoning or ""
+        lang = attempt.language or "triton"
+        source = without_offline_mark(attempt.source or "")
         if text:
             assistant = {"role": "assistant", "content": f"{reasoning}\n\n```python\n# language: {lang}\n"
                                                          f"{source.rstrip()}\n```".lstrip()}
         else:   # the reasoning once, as the call's rationale
             assistant = {"role": "assistant", "content": "",
-                         "tool_calls": [{"id": f"call_{attempt['number']}", "type": "function", "function": {
+                         "tool_calls": [{"id": f"call_{attempt.number}", "type": "function", "function": {
                              "name": SUBMIT, "arguments": {"language": lang, "source": source,
                                                            "rationale": reasoning}}}]}
         user = {"role": "user", "content": prompts.turn(run, gpu, attempts[:i], i + 1)}
@@ -314,7 +303,7 @@ def without_offline_mark(source: str) -> str:
     return source.split("\n", 1)[1] if source.startswith(OFFLINE_MARK) and "\n" in source else source
 
 
-def model_turns(attempts: list[dict], messages: list[dict]) -> list[Turn]:
+def model_turns(attempts: list[Attempt], messages: list[dict]) -> list[Turn]:
     """A branch of a model run: for each attempt, the last request logged with it and the response to it.
     Messages of no attempt (failed model calls, a policy's closing words) are not submissions and are left out."""
     exchanges: dict[int, tuple[dict, dict]] = {}   # attempt id -> (request, response)
@@ -329,9 +318,9 @@ def model_turns(attempts: list[dict], messages: list[dict]) -> list[Turn]:
             request = None
     turns = []
     for attempt in attempts:
-        if attempt["id"] not in exchanges:
+        if attempt.id not in exchanges:
             continue
-        request, response = exchanges[attempt["id"]]
+        request, response = exchanges[attempt.id]
         prompt, tools = _request_messages(request)
         completion = _response_message(response)
         if prompt is None or completion is None:
@@ -476,43 +465,43 @@ def _tolerances(facts: dict) -> dict:
 
 # -- selection -------------------------------------------------------------------------------------------------------
 
-def _qualifies(attempt: dict, options: ExportOptions, all_verdicts: bool | None = None) -> bool:
+def _qualifies(attempt: Attempt, options: ExportOptions, all_verdicts: bool | None = None) -> bool:
     all_verdicts = options.all_verdicts if all_verdicts is None else all_verdicts
-    correct = attempt.get("verdict") == "correct"
+    correct = attempt.verdict == "correct"
     if not all_verdicts and not correct:
         return False
-    if options.language and attempt.get("language") != options.language:
+    if options.language and attempt.language != options.language:
         return False
-    if correct and options.min_speedup is not None and (attempt.get("speedup_eager") or 0.0) < options.min_speedup:
+    if correct and options.min_speedup is not None and (attempt.speedup_eager or 0.0) < options.min_speedup:
         return False
     if not correct and options.min_speedup is not None and not all_verdicts:
         return False
     return True
 
 
-def breaks_rules(attempt: dict) -> bool:
+def breaks_rules(attempt: Attempt) -> bool:
     """Rejected for what its kernel did. An answer with no candidate (verdict format_error) is a failed turn, not
     cheating, and does not taint its trajectory; databases written before that verdict existed logged it as
     rejected with no source, which is read the same way."""
-    return attempt.get("verdict") == "rejected" and bool((attempt.get("source") or "").strip())
+    return attempt.verdict == "rejected" and bool((attempt.source or "").strip())
 
 
-def _clean_branches(attempts: list[dict], options: ExportOptions) -> dict[int, list[dict]]:
+def _clean_branches(attempts: list[Attempt], options: ExportOptions) -> dict[int, list[Attempt]]:
     """The run's attempts by branch, leaving out branches with a rule-breaking attempt unless asked for."""
-    branches: dict[int, list[dict]] = {}
+    branches: dict[int, list[Attempt]] = {}
     for attempt in attempts:
-        branches.setdefault(attempt.get("branch") or 0, []).append(attempt)
+        branches.setdefault(attempt.branch, []).append(attempt)
     return {b: own for b, own in sorted(branches.items())
             if options.include_rejected or not any(breaks_rules(a) for a in own)}
 
 
-def _kernel_key(run: dict, attempt: dict) -> str | None:
+def _kernel_key(run: dict, attempt: Attempt) -> str | None:
     """The same kernel for the same target is one training example; a turn without a kernel has no key."""
-    source = attempt.get("source") or ""
+    source = attempt.source or ""
     if not source.strip():
         return None
     return (run.get("target_sha256") or hashlib.sha256((run.get("target_source") or "").encode()).hexdigest()) + \
-        ":" + normalized_kernel_hash(source, attempt.get("language"))
+        ":" + normalized_kernel_hash(source, attempt.language)
 
 
 class _Builder:
@@ -568,10 +557,10 @@ class _Builder:
         failed = []
         if options.all_verdicts:
             # final: the failed submissions on the way to the best verified turn (all of them where none verified)
-            until = verified[-1].attempt["number"] if options.train_on == "final" and verified else math.inf
-            failed = [t for t in turns if t.attempt.get("verdict") != "correct" and t.attempt["number"] < until
+            until = verified[-1].attempt.number if options.train_on == "final" and verified else math.inf
+            failed = [t for t in turns if t.attempt.verdict != "correct" and t.attempt.number < until
                       and _qualifies(t.attempt, options)]
-        chosen = sorted(verified + failed, key=lambda t: t.attempt["number"])
+        chosen = sorted(verified + failed, key=lambda t: t.attempt.number)
         fresh = []
         for turn in chosen:
             key = _kernel_key(run, turn.attempt)
@@ -588,9 +577,9 @@ class _Builder:
             self._openai_rows(db_path, run, fresh)
 
     def _labels(self, turn: Turn) -> dict:
-        verdict = turn.attempt.get("verdict")
+        verdict = turn.attempt.verdict
         return {"label": verdict == "correct", "verdict": verdict,
-                "verdicts": [a.get("verdict") for a in turn.context] + [verdict]}
+                "verdicts": [a.verdict for a in turn.context] + [verdict]}
 
     def _trl_row(self, db_path: Path, run: dict, turn: Turn) -> None:
         prompt, completion = trl_messages(turn.prompt), trl_messages([turn.completion])
@@ -611,22 +600,22 @@ class _Builder:
                 if line:
                     self._openai_line(db_path, run, line)
                 line = {"messages": turn.prompt + [turn.completion], "weights": {}, "turns": [], "tools": turn.tools}
-            if turn.attempt.get("verdict") == "correct":
+            if turn.attempt.verdict == "correct":
                 line["weights"][len(line["messages"]) - 1] = 1
             line["turns"].append(turn)
         if line:
             self._openai_line(db_path, run, line)
 
     def _openai_line(self, db_path: Path, run: dict, line: dict) -> None:
-        trained = [t for t in line["turns"] if t.attempt.get("verdict") == "correct"]
+        trained = [t for t in line["turns"] if t.attempt.verdict == "correct"]
         if not trained:
             self.summary.untrained += len(line["turns"])
             return
         messages = openai_messages(line["messages"], line["weights"])
         record = {"messages": messages, "tools": line["tools"]}
         last = trained[-1]
-        sidecar = {**self._labels(last), "trained_attempts": [t.attempt["number"] for t in trained],
-                   "context_attempts": [t.attempt["number"] for t in line["turns"] if t not in trained],
+        sidecar = {**self._labels(last), "trained_attempts": [t.attempt.number for t in trained],
+                   "context_attempts": [t.attempt.number for t in line["turns"] if t not in trained],
                    "provenance": _provenance(db_path, run, last.attempt, self.options.license)}
         weighted = [m for m in messages if m.get("weight") == 1]
         rest = [m for m in messages if m.get("weight") != 1]
@@ -649,10 +638,10 @@ class _Builder:
                 continue
             if key is not None:
                 self.trained.add(key)
-            components = reward_components(attempt)
+            components = reward_components(attempt.to_dict())   # the reward reads the row as stored
             reward = scalar_reward(components)
             if self.options.group_by == "target":   # every attempt at this target, across runs and turns
-                group = f"target:{normalized_target_hash(source)}:{attempt.get('language') or ''}"
+                group = f"target:{normalized_target_hash(source)}:{attempt.language or ''}"
             else:
                 group = json.dumps(plain_messages(turn.prompt), sort_keys=True)
             group_id = hashlib.sha256(group.encode()).hexdigest()[:16]
@@ -666,8 +655,8 @@ class _Builder:
                 prompt, completion = trl_messages(turn.prompt), trl_messages([turn.completion])
                 record = {"prompt": prompt, "completion": completion, "tools": json.dumps(turn.tools),
                           "group_id": group_id, "reward": reward, "label": components["correct"],
-                          "reward_components": components, "verdict": attempt.get("verdict"),
-                          "reasons": list(attempt.get("reasons") or []), "language": attempt.get("language"),
+                          "reward_components": components, "verdict": attempt.verdict,
+                          "reasons": list(attempt.reasons or []), "language": attempt.language,
                           "target_name": run.get("target_name"), "reference_source": source,
                           "shapes": shapes, "tolerances": _tolerances(facts), "baselines_us": baselines,
                           "provenance": provenance}
@@ -679,8 +668,8 @@ class _Builder:
                           "extra_info": {"index": len(self.rows), "group_id": group_id,
                                          "target_name": run.get("target_name") or "",
                                          "target_sha256": provenance["target_sha256"],
-                                         "language": attempt.get("language") or "",
-                                         "verdict": attempt.get("verdict") or "", "label": components["correct"],
+                                         "language": attempt.language or "",
+                                         "verdict": attempt.verdict or "", "label": components["correct"],
                                          "reward": reward, "response": completion[0]["content"],
                                          "reward_components": json.dumps(components),
                                          "shapes": json.dumps(shapes), "tolerances": json.dumps(_tolerances(facts)),
@@ -691,13 +680,13 @@ class _Builder:
             self.rows[-1].update(group=group_id, reward=reward)
 
     # kernelbook / flashinfer
-    def _kernels(self, db_path: Path, run: dict, branches: dict[int, list[dict]]) -> None:
+    def _kernels(self, db_path: Path, run: dict, branches: dict[int, list[Attempt]]) -> None:
         attempts = [a for own in branches.values() for a in own]
-        pool = [a for a in attempts if _qualifies(a, self.options) and (a.get("source") or "").strip()]
+        pool = [a for a in attempts if _qualifies(a, self.options) and (a.source or "").strip()]
         if not pool:
             return
         if self.options.format == "kernelbook":   # one row per run: its fastest verified kernel (else its last)
-            correct = [a for a in pool if a.get("verdict") == "correct"]
+            correct = [a for a in pool if a.verdict == "correct"]
             pool = [min(correct, key=fastest_key)] if correct else [pool[-1]]
         for attempt in pool:
             key = _kernel_key(run, attempt)
@@ -711,7 +700,7 @@ class _Builder:
             else:
                 self._flashinfer(db_path, run, attempt)
 
-    def _flashinfer(self, db_path: Path, run: dict, attempt: dict) -> None:
+    def _flashinfer(self, db_path: Path, run: dict, attempt: Attempt) -> None:
         facts = target_facts(run.get("target_source") or "")
         provenance = _provenance(db_path, run, attempt, self.options.license)
         definition = flashinfer_definition(run, facts)
@@ -733,10 +722,11 @@ class _Builder:
                           "trained": len(trained_text), "target": self.target})
 
 
-def _baselines(run: dict, attempt: dict) -> dict:
+def _baselines(run: dict, attempt: Attempt) -> dict:
     """Median eager / torch.compile times (us) the attempt was compared with; None where untimed."""
-    baselines = _result(attempt).get("baselines") or run.get("baselines") or {}
-    return {name: _float((baselines.get(name) or {}).get("median")) for name in ("eager", "compile")}
+    medians = {name: timing.median for name, timing in (attempt.result.baselines or {}).items()} or \
+        {name: (timing or {}).get("median") for name, timing in (run.get("baselines") or {}).items()}
+    return {name: _float(medians.get(name)) for name in ("eager", "compile")}
 
 
 def _text_of(messages: list[dict]) -> str:
@@ -750,15 +740,15 @@ def _text_of(messages: list[dict]) -> str:
     return "".join(parts)
 
 
-def _starter(attempt: dict, attempts: list[dict]) -> str | None:
+def _starter(attempt: Attempt, attempts: list[Attempt]) -> str | None:
     """The generated starter a kernel was derived from: for the offline policy, the run's first attempt rendered
     from the same template (catalog starter or --seed-kernel); None where no starter was used (model policies)."""
-    template = _template_of(attempt.get("source") or "")
+    template = _template_of(attempt.source or "")
     if template is None:
         return None
-    for other in sorted(attempts, key=lambda a: a["number"]):
-        if _template_of(other.get("source") or "") == template:
-            return without_offline_mark(other.get("source") or "")
+    for other in sorted(attempts, key=lambda a: a.number):
+        if _template_of(other.source or "") == template:
+            return without_offline_mark(other.source or "")
     return None
 
 
@@ -766,12 +756,12 @@ def _template_of(source: str) -> str | None:
     return (offline_marker(source) or {}).get("template")
 
 
-def _kernelbook_record(db_path: Path, run: dict, attempt: dict, attempts: list[dict], license: str | None) -> dict:
-    source = without_offline_mark(attempt.get("source") or "")
-    ptx = attempt.get("language") == "ptx"
+def _kernelbook_record(db_path: Path, run: dict, attempt: Attempt, attempts: list[Attempt], license: str | None) -> dict:
+    source = without_offline_mark(attempt.source or "")
+    ptx = attempt.language == "ptx"
     provenance = _provenance(db_path, run, attempt, license)
     return {
-        "uuid": int(hashlib.sha256(f"{run['id']}:{attempt['id']}:{source}".encode()).hexdigest()[:15], 16),
+        "uuid": int(hashlib.sha256(f"{run['id']}:{attempt.id}:{source}".encode()).hexdigest()[:15], 16),
         "entry_point": run.get("target_name") or "Model",   # the op's name; the module class is always Model
         "python_code": run.get("target_source") or "",
         "triton_code": None if ptx else source,
@@ -783,14 +773,14 @@ def _kernelbook_record(db_path: Path, run: dict, attempt: dict, attempts: list[d
         "licenses": [license] if license else [],
         "stars": 0,
         "sha": provenance["target_sha256"],
-        "repo_link": f"kloop://{run['id']}/{attempt['number']}",
-        "language": attempt.get("language"),
-        "verdict": attempt.get("verdict"),
-        "label": attempt.get("verdict") == "correct",
-        "time_us": _median_us(attempt),
-        "speedup_eager": _float(attempt.get("speedup_eager")),
-        "speedup_compile": _float(attempt.get("speedup_compile")),
-        "sol_fraction": _float(attempt.get("sol_fraction")),
+        "repo_link": f"kloop://{run['id']}/{attempt.number}",
+        "language": attempt.language,
+        "verdict": attempt.verdict,
+        "label": attempt.verdict == "correct",
+        "time_us": _float(attempt.median_us),
+        "speedup_eager": _float(attempt.speedup_eager),
+        "speedup_compile": _float(attempt.speedup_compile),
+        "sol_fraction": _float(attempt.sol_fraction),
         "provenance": provenance,
     }
 
@@ -851,7 +841,7 @@ def flashinfer_workload(definition: dict, facts: dict, provenance: dict) -> dict
     return {"axes": axes, "inputs": inputs, "uuid": uid}
 
 
-def flashinfer_solution(definition: dict, run: dict, attempt: dict, facts: dict, provenance: dict) -> dict:
+def flashinfer_solution(definition: dict, run: dict, attempt: Attempt, facts: dict, provenance: dict) -> dict:
     args = ", ".join(definition["inputs"]) or "*inputs"
     init = facts.get("init_inputs")
     wrapper = ("import torch\n\nfrom kernel import ModelNew\n\n_model = None\n\n\ndef run(" + args + "):\n"
@@ -859,39 +849,39 @@ def flashinfer_solution(definition: dict, run: dict, attempt: dict, facts: dict,
                f"        _model = ModelNew(*{json.dumps(init if init is not None else [])})\n"
                f"    return _model({args})\n")
     hardware = provenance["gpu"] or "cpu-interpreter"
-    return {"name": f"kloop_{run['id']}_{attempt['number']}", "definition": definition["name"],
+    return {"name": f"kloop_{run['id']}_{attempt.number}", "definition": definition["name"],
             "author": f"kloop-{run.get('policy') or 'unknown'}" + (f"-{_slug(run['model'])}" if run.get("model") else ""),
-            "spec": {"language": "triton" if attempt.get("language") != "ptx" else "python",
+            "spec": {"language": "triton" if attempt.language != "ptx" else "python",
                      "target_hardware": [hardware], "entry_point": "main.py::run",
                      "dependencies": ["torch", "triton"] + (["cupy", "kloop (tools.launch)"]
-                                                            if attempt.get("language") == "ptx" else [])},
-            "sources": [{"path": "kernel.py", "content": without_offline_mark(attempt.get("source") or "")},
+                                                            if attempt.language == "ptx" else [])},
+            "sources": [{"path": "kernel.py", "content": without_offline_mark(attempt.source or "")},
                         {"path": "main.py", "content": wrapper}],
-            "description": (attempt.get("reasoning") or "")[:500]}
+            "description": (attempt.reasoning or "")[:500]}
 
 
-def flashinfer_trace(definition: dict, workload: dict, solution: dict, attempt: dict, provenance: dict) -> dict:
-    result = _result(attempt)
-    verdict = attempt.get("verdict")
+def flashinfer_trace(definition: dict, workload: dict, solution: dict, attempt: Attempt, provenance: dict) -> dict:
+    verdict = attempt.verdict
     status = FLASHINFER_STATUS.get(verdict, "RUNTIME_ERROR")
     evaluation = {"status": status,
                   "environment": {"hardware": provenance["gpu"] or "cpu-interpreter",
                                   "libs": {k: str(v) for k, v in {**provenance["versions"], "cuda": provenance["cuda"],
                                                                   "driver": provenance["driver"]}.items() if v}},
-                  "timestamp": attempt.get("created_at") or datetime.now(timezone.utc).isoformat(),
-                  "log": "\n".join(attempt.get("reasons") or [])[:4000]}
-    correctness = result.get("correctness") or {}
+                  "timestamp": attempt.created_at or datetime.now(timezone.utc).isoformat(),
+                  "log": "\n".join(attempt.reasons or [])[:4000]}
+    correctness = attempt.result.correctness
     if status in ("PASSED", "INCORRECT_NUMERICAL"):
-        evaluation["correctness"] = {"max_relative_error": float(correctness.get("max_rel_err") or 0.0),
-                                     "max_absolute_error": float(correctness.get("max_abs_err") or 0.0),
-                                     "extra": {"kloop_trials": correctness.get("trials"),
-                                               "kloop_shapes": correctness.get("shapes")}}
+        evaluation["correctness"] = {
+            "max_relative_error": float(correctness.max_rel_err or 0.0) if correctness else 0.0,
+            "max_absolute_error": float(correctness.max_abs_err or 0.0) if correctness else 0.0,
+            "extra": {"kloop_trials": correctness.trials if correctness else None,
+                      "kloop_shapes": correctness.shapes if correctness else None}}
     if status == "PASSED":
-        median, eager = _median_us(attempt), _baselines({}, attempt).get("eager")
+        median, eager = _float(attempt.median_us), _baselines({}, attempt).get("eager")
         timed = median is not None and provenance["executed_on"] == "cuda"
         evaluation["performance"] = {"latency_ms": median / 1000 if timed else 0.0,
                                      "reference_latency_ms": eager / 1000 if timed and eager else 0.0,
-                                     "speedup_factor": float(attempt.get("speedup_eager") or 0.0) if timed else 0.0}
+                                     "speedup_factor": float(attempt.speedup_eager or 0.0) if timed else 0.0}
     return {"definition": definition["name"], "workload": workload, "solution": solution["name"],
             "evaluation": evaluation}
 

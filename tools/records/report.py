@@ -5,12 +5,14 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from tools.records.store import StoreError, best_so_far, fastest_key, open_db
+from tools.records.store import Attempt, StoreError, best_so_far, fastest_key, open_db
+from tools.result import Roofline
 
 NO_TIMING_NOTE = "no timing: this run had no CUDA GPU (Triton interpreter on CPU)"
 NO_TIMING_SENTENCE = ("No attempt of this run was timed (it ran without a CUDA GPU, under the Triton interpreter), "
@@ -30,11 +32,6 @@ def _open(db_path):
         raise ReportError(str(e)) from None
 
 
-def _median(attempt: dict) -> float | None:
-    timing = attempt.get("time_us")
-    return timing.get("median") if isinstance(timing, dict) else None
-
-
 # -- plots -----------------------------------------------------------------------------------------------------------
 
 def _plain(value: float, _pos=None) -> str:
@@ -52,11 +49,11 @@ def _plain_log_axis(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def is_timed(attempts: list[dict]) -> bool:
-    return any(_median(a) for a in attempts)
+def is_timed(attempts: list[Attempt]) -> bool:
+    return any(a.timed for a in attempts)
 
 
-def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_name: str | None = None,
+def progress_figure(attempts: list[Attempt], target_name: str | None = None, gpu_name: str | None = None,
                     target_sol: float | None = None):
     """Per attempt: speedup over eager, over torch.compile, and the fraction of speed of light, each with the line of
     the run's best so far (as the loop chose it: tools.records.store.best_so_far); one series per branch; failed attempts as crosses along the bottom (they have no speedup). Without any
@@ -68,10 +65,10 @@ def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_na
     if not is_timed(attempts):
         fig = Figure(figsize=(9, 3.6), layout="constrained")
         ax = fig.subplots()
-        verdicts = [v for v in VERDICT_COLORS if any(a.get("verdict") == v for a in attempts)]
-        verdicts += sorted({a.get("verdict") or "none" for a in attempts} - set(verdicts))
+        verdicts = [v for v in VERDICT_COLORS if any(a.verdict == v for a in attempts)]
+        verdicts += sorted({a.verdict or "none" for a in attempts} - set(verdicts))
         for row, verdict in enumerate(verdicts):
-            numbers = [a["number"] for a in attempts if (a.get("verdict") or "none") == verdict]
+            numbers = [a.number for a in attempts if (a.verdict or "none") == verdict]
             ax.scatter(numbers, [row] * len(numbers), color=VERDICT_COLORS.get(verdict, "tab:gray"), s=40, zorder=3)
         ax.set_yticks(range(len(verdicts)), verdicts)
         ax.set_ylim(-0.7, len(verdicts) - 0.3)
@@ -85,23 +82,25 @@ def progress_figure(attempts: list[dict], target_name: str | None = None, gpu_na
               ("sol_fraction", "speed of light reached"))
     fig = Figure(figsize=(9, 8.5), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True)
-    branches = sorted({a.get("branch") or 0 for a in attempts})
-    ordered = sorted(attempts, key=lambda a: a["number"])
+    branches = sorted({a.branch for a in attempts})
+    ordered = sorted(attempts, key=lambda a: a.number)
     bests = best_so_far(ordered)
     for ax, (key, label) in zip(axes, panels):
         for branch in branches:
-            own = [a for a in ordered if (a.get("branch") or 0) == branch]
-            points = [(a["number"], a[key]) for a in own if a.get("verdict") == "correct" and a.get(key) is not None]
+            own = [a for a in ordered if a.branch == branch]
+            points = [(a.number, getattr(a, key)) for a in own
+                      if a.verdict == "correct" and getattr(a, key) is not None]
             if points:
                 ax.plot(*zip(*points), marker="o", linewidth=0.8, markersize=4,
                         label=f"branch {branch}" if len(branches) > 1 else "correct attempt")
-        steps = [(a["number"], best[key]) for a, best in zip(ordered, bests) if best and best.get(key) is not None]
+        steps = [(a.number, getattr(best, key)) for a, best in zip(ordered, bests)
+                 if best and getattr(best, key) is not None]
         # A new best wins by the paired re-measurement against the old one: its own measured ratio to eager can read
         # lower than the old best's did. The line keeps the highest so far, so it never goes down.
         steps = [(number, max(value for _, value in steps[:i + 1])) for i, (number, _) in enumerate(steps)]
         if steps:
             ax.step(*zip(*steps), where="post", color="black", linewidth=1.6, label="best so far")
-        failed = [a["number"] for a in ordered if a.get("verdict") != "correct"]
+        failed = [a.number for a in ordered if a.verdict != "correct"]
         if failed:  # along the bottom edge in axes coordinates: a failure has no speedup, not a speedup of 0
             ax.plot(failed, [0.03] * len(failed), "x", color="tab:red", markersize=7,
                     transform=ax.get_xaxis_transform(), label="failed (no speedup)", clip_on=False)
@@ -132,13 +131,13 @@ def _plain_formatter():
     return FuncFormatter(_plain)
 
 
-def _peaks(attempts: list[dict]) -> tuple[float | None, float | None]:
+def _peaks(attempts: list[Attempt]) -> tuple[float | None, float | None]:
     """Device peaks (GB/s, TFLOP/s) the evaluator used for the attempts' speed of light."""
     for attempt in attempts:
-        roofline = attempt.get("roofline") or {}
-        gpu = (attempt.get("result") or {}).get("gpu") or {}
-        gbps = roofline.get("peak_gbps") or gpu.get("peak_gbps")
-        tflops = roofline.get("peak_tflops") or gpu.get("peak_tflops_fp32")
+        roofline = attempt.roofline or Roofline()
+        gpu = attempt.result.gpu or {}
+        gbps = roofline.peak_gbps or gpu.get("peak_gbps")
+        tflops = roofline.peak_tflops or gpu.get("peak_tflops_fp32")
         if gbps and tflops:
             return gbps, tflops
     return None, None
@@ -150,7 +149,7 @@ def _flops_unit(peak_tflops: float | None, achieved_tflops: list[float]) -> tupl
     return ("TFLOP/s", 1.0) if top >= 1 else ("GFLOP/s", 1e3)
 
 
-def roofline_figure(attempts: list[dict], gpu_name: str | None, target_name: str | None = None):
+def roofline_figure(attempts: list[Attempt], gpu_name: str | None, target_name: str | None = None):
     """The roofline: arithmetic intensity (FLOP/byte) against achieved FLOP/s, under the GPU's memory roof (slope:
     bandwidth) and compute roof, one dot per timed attempt and the best one named. For an op with no FLOPs counted
     (a pure copy or add counted as traffic) a roofline has no x position: achieved bandwidth per attempt instead,
@@ -158,20 +157,20 @@ def roofline_figure(attempts: list[dict], gpu_name: str | None, target_name: str
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    timed = [(a, a.get("roofline") or {}, _median(a)) for a in attempts if _median(a)]
+    timed = [(a, a.roofline or Roofline(), a.median_us) for a in attempts if a.timed]
     if not timed:
         return None
     gbps, tflops = _peaks(attempts)
-    with_flops = [(a, r, t) for a, r, t in timed if r.get("flops") and r.get("bytes")]
-    with_bytes = [(a, r, t) for a, r, t in timed if r.get("bytes")]
+    with_flops = [(a, r, t) for a, r, t in timed if r.flops and r.bytes]
+    with_bytes = [(a, r, t) for a, r, t in timed if r.bytes]
     name = target_name or "run"
     on = f" on {gpu_name}" if gpu_name else ""
     fig = Figure(figsize=(8.5, 6), layout="constrained")
     ax = fig.subplots()
-    correct = lambda a: a.get("verdict") == "correct"  # noqa: E731
+    correct = lambda a: a.verdict == "correct"  # noqa: E731
     if with_flops:
         # FLOP/us * 1e-6 = TFLOP/s
-        points = [(r["flops"] / r["bytes"], r["flops"] / t / 1e6, a) for a, r, t in with_flops]
+        points = [(r.flops / r.bytes, r.flops / t / 1e6, a) for a, r, t in with_flops]
         unit, scale = _flops_unit(tflops, [p[1] for p in points])
         ax.set_title(f"{name}: roofline{on}")
         ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
@@ -203,12 +202,12 @@ def roofline_figure(attempts: list[dict], gpu_name: str | None, target_name: str
             roof = min(gbps * x / 1e3, tflops) if gbps and tflops else None
             share = f", {y / roof:.0%} of the roof" if roof else ""
             ax.scatter([x], [y * scale], marker="*", s=220, color="gold", edgecolor="black", zorder=4,
-                       label=f"best: #{best['number']}, {y * scale:.3g} {unit}{share}")
+                       label=f"best: #{best.number}, {y * scale:.3g} {unit}{share}")
         _plain_log_axis(ax.xaxis)
         _plain_log_axis(ax.yaxis)
         fig.legend(fontsize="small", loc="outside lower center", ncols=2)   # below the axes: covers no point
     elif with_bytes:
-        points = [(a["number"], r["bytes"] / t / 1e3, a) for a, r, t in with_bytes]
+        points = [(a.number, r.bytes / t / 1e3, a) for a, r, t in with_bytes]
         ax.set_title(f"{name}: achieved memory bandwidth per attempt{on}\n(no FLOPs counted, so no roofline: "
                      "bytes moved / kernel time)", fontsize="medium")
         ax.set_xlabel("attempt")
@@ -256,7 +255,7 @@ def _json_block(value: Any) -> str:
     return f"```json\n{json.dumps(value, indent=2, default=str)}\n```"
 
 
-def summary_markdown(run: dict, attempts: list[dict], best: dict | None, images: list[str]) -> str:
+def summary_markdown(run: dict, attempts: list[Attempt], best: Attempt | None, images: list[str]) -> str:
     settings_rows = [[k, run.get(k)] for k in ("id", "target_name", "status", "policy", "model", "created_at",
                                               "finished_at", "gpu_name", "driver", "cuda", "parent_run_id",
                                               "parent_kind")]
@@ -274,26 +273,28 @@ def summary_markdown(run: dict, attempts: list[dict], best: dict | None, images:
     if best is None:
         parts += ["## Best kernel", "", "No attempt of this run was verified correct.", ""]
     else:
-        timing_note = (best.get("result") or {}).get("timing_note")
-        parts += [f"## Best kernel: attempt {best['number']} ({best.get('language')})", "",
+        timing_note = best.result.timing_note
+        parts += [f"## Best kernel: attempt {best.number} ({best.language})", "",
                   markdown_table(["time (us)", "vs eager", "vs compile", "speed of light"],
-                                 [[_median(best), best.get("speedup_eager"), best.get("speedup_compile"),
-                                   best.get("sol_fraction")]]), ""]
+                                 [[best.median_us, best.speedup_eager, best.speedup_compile,
+                                   best.sol_fraction]]), ""]
         if timing_note:
             parts += [f"_{timing_note}_", ""]
-        parts += [f"```python\n{best.get('source') or ''}\n```", ""]
-        resources = best.get("resources") or []
+        parts += [f"```python\n{best.source or ''}\n```", ""]
+        resources = [dataclasses.asdict(r) for r in best.result.resources]
         if resources:
             keys = list(dict.fromkeys(k for r in resources for k in r))
             parts += ["Resources:", "", markdown_table(keys, [[r.get(k) for k in keys] for r in resources]), ""]
-        for name in ("ncu", "nvml", "roofline"):
-            if best.get(name):
-                parts += [f"{name}:", _json_block(best[name]), ""]
+        ncu = {kernel: dataclasses.asdict(counters) for kernel, counters in (best.result.ncu or {}).items()}
+        roofline = dataclasses.asdict(best.roofline) if best.roofline else None
+        for name, value in (("ncu", ncu), ("nvml", best.result.nvml), ("roofline", roofline)):
+            if value:
+                parts += [f"{name}:", _json_block(value), ""]
     parts += ["## Attempts", "", markdown_table(
         ["#", "branch", "turn", "language", "verdict", "time (us)", "vs eager", "vs compile", "SoL", "reason"],
-        [[a["number"], a.get("branch"), a.get("turn"), a.get("language"), a.get("verdict"), _median(a),
-          a.get("speedup_eager"), a.get("speedup_compile"), a.get("sol_fraction"),
-          ((a.get("reasons") or [""])[0] or "")[:120]] for a in attempts]), ""]
+        [[a.number, a.branch, a.turn, a.language, a.verdict, a.median_us,
+          a.speedup_eager, a.speedup_compile, a.sol_fraction,
+          ((a.reasons or [""])[0] or "")[:120]] for a in attempts]), ""]
     parts += ["## Run settings", "", markdown_table(["setting", "value"], settings_rows), "",
               "Settings:", _json_block(run.get("settings") or {}), "",
               "Numeric flags:", _json_block(run.get("numeric_flags") or {}), ""]
@@ -338,7 +339,7 @@ def write_report(run_id: str, db_path: str | os.PathLike, out_dir: str | os.Path
 def leaderboard(db_paths: list[str | os.PathLike]) -> list[dict]:
     """Per target across databases, the fastest of the runs' best kernels (tools.records.store.fastest_key: untimed ones
     last; of equals, the first met: the newest run of the first database)."""
-    best_by_target: dict[str, dict] = {}
+    best_by_target: dict[str, tuple[Attempt, dict]] = {}
     for db_path in db_paths:
         store = _open(db_path)
         try:
@@ -347,13 +348,13 @@ def leaderboard(db_paths: list[str | os.PathLike]) -> list[dict]:
                 if attempt is None:
                     continue
                 entry = {"target": run.get("target_name"), "db": str(db_path), "run": run["id"],
-                         "attempt": attempt["number"], "attempt_id": attempt["id"], "language": attempt.get("language"),
-                         "time_us": _median(attempt), "speedup_eager": attempt.get("speedup_eager"),
-                         "speedup_compile": attempt.get("speedup_compile"),
-                         "sol_fraction": attempt.get("sol_fraction"), "gpu": run.get("gpu_name")}
+                         "attempt": attempt.number, "attempt_id": attempt.id, "language": attempt.language,
+                         "time_us": attempt.median_us, "speedup_eager": attempt.speedup_eager,
+                         "speedup_compile": attempt.speedup_compile,
+                         "sol_fraction": attempt.sol_fraction, "gpu": run.get("gpu_name")}
                 current = best_by_target.get(entry["target"])
-                if current is None or fastest_key(entry) < fastest_key(current):
-                    best_by_target[entry["target"]] = entry
+                if current is None or fastest_key(attempt) < fastest_key(current[0]):
+                    best_by_target[entry["target"]] = attempt, entry
         finally:
             store.close()
-    return [best_by_target[t] for t in sorted(best_by_target, key=str)]
+    return [best_by_target[t][1] for t in sorted(best_by_target, key=str)]

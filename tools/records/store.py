@@ -5,8 +5,11 @@ Every write happens in one transaction, so a crash never leaves half an attempt;
     >>> db = open_db("runs/kloop.db")
     >>> run_id = db.create_run(target_name="vector_add", policy="offline")
     >>> attempt_id = db.add_attempt(run_id, language="triton", source="...", verdict="correct")
-    >>> db.attempts(run_id)[0]["number"]
+    >>> db.attempts(run_id)[0].number
     1
+
+Every read of attempts returns `Attempt`s: what a reader needs of a row, typed. This module is the only one that reads
+an attempts row by its column names (tests/test_store.py).
 """
 from __future__ import annotations
 
@@ -17,13 +20,14 @@ import os
 import sqlite3
 import threading
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlite_utils import Database
 
 from tools.records.messages import Message
-from tools.result import EvalResult
+from tools.result import EvalResult, Roofline, Timing
 
 SCHEMA_VERSION = 1
 DEFAULT_DB = Path("runs/kloop.db")
@@ -83,6 +87,71 @@ FASTEST_ORDER = "speedup_eager IS NULL, speedup_eager DESC, number"
 RESULT_IN_COLUMNS = ("ptx", "sass")
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One logged attempt, as every Store read returns it: its columns typed (None where the row holds NULL), and the
+    evaluator's whole result rebuilt as an EvalResult (PTX and SASS put back from their own columns). A read that left
+    a column out (history(): sass, withheld) leaves its field empty. Readers use these fields, never column names."""
+    id: int
+    run_id: str
+    number: int
+    branch: int = 0
+    turn: int | None = None
+    created_at: str | None = None
+    language: str | None = None
+    source: str | None = None
+    source_hash: str | None = None
+    reasoning: str | None = None
+    verdict: str | None = None
+    reasons: list[str] | None = None
+    time_us: Timing | None = None          # the kernel's timing statistics (median_us: their median)
+    roofline: Roofline | None = None       # bytes and FLOPs the op needs, against the GPU's peaks
+    speedup_eager: float | None = None
+    speedup_compile: float | None = None
+    sol_fraction: float | None = None
+    diagnosis: str | None = None           # the reflect node's reading of the counters
+    reflection: str | None = None
+    durations: dict | None = None
+    # the search strategy's record (agent/strategies): the parent it built on and why, its MAP-Elites cell, its island
+    parent_attempt_id: int | None = None
+    parent_reason: str | None = None
+    archive_cell: str | None = None
+    island: int | None = None
+    gpu: dict | None = None                # {index, name, uuid} of the GPU that ran it; None when none did
+    withheld: list[str] | None = None      # the operator's reasons a hidden variant failed: never for a policy
+    result: EvalResult = field(default_factory=EvalResult)
+    row: dict = field(default_factory=dict, repr=False, compare=False)   # the row as stored (JSON decoded)
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Attempt":
+        """An attempts row (JSON columns decoded, the result made whole) as an Attempt."""
+        plain = {f: row.get(f) for f in _PLAIN_ATTEMPT_FIELDS if f in row}
+        columns = EvalResult.from_dict({k: row.get(k) for k in ("time_us", "roofline")})  # read as a result's are
+        result = row.get("result")
+        return cls(**plain, branch=row.get("branch") or 0, time_us=columns.time_us, roofline=columns.roofline,
+                   result=EvalResult.from_dict(result if isinstance(result, dict) else None), row=row)
+
+    @property
+    def median_us(self) -> float | None:
+        """The median kernel time in microseconds; None when the attempt was not timed."""
+        return self.time_us.median if self.time_us else None
+
+    @property
+    def timed(self) -> bool:
+        """Whether the attempt has a kernel time (the CPU interpreter times nothing)."""
+        return bool(self.median_us)
+
+    def to_dict(self) -> dict:
+        """The row as stored (JSON columns decoded), for output that shows it as it is: `kloop show --json`."""
+        return dict(self.row)
+
+
+_PLAIN_ATTEMPT_FIELDS = ("id", "run_id", "number", "turn", "created_at", "language", "source", "source_hash",
+                         "reasoning", "verdict", "reasons", "speedup_eager", "speedup_compile", "sol_fraction",
+                         "diagnosis", "reflection", "durations", "parent_attempt_id", "parent_reason",
+                         "archive_cell", "island", "gpu", "withheld")
+
+
 def attempt_columns(result: EvalResult) -> dict:
     """The attempts-table columns filled from one evaluator result (docs/design.md); the graph's commit and the
     re-verifier both store results through this one mapping."""
@@ -115,8 +184,8 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def takes_the_lead(result: EvalResult, best: dict | None) -> bool:
-    """Whether an attempt with this result becomes the run's best, given the standing best's row (None: no best
+def takes_the_lead(result: EvalResult, best: Attempt | None) -> bool:
+    """Whether an attempt with this result becomes the run's best, given the standing best (None: no best
     yet). Only a correct one can; it wins by the paired re-measurement when there was one, else (the best's plans
     are gone, or it was never timed) by its own median. Untimed results never displace a best (CPU interpreter:
     the first verified attempt stays the best)."""
@@ -126,32 +195,31 @@ def takes_the_lead(result: EvalResult, best: dict | None) -> bool:
         return True
     if result.vs_best is not None:
         return result.vs_best.outcome == "faster"
-    best_median = (best.get("time_us") or {}).get("median")
-    return result.median_us is not None and (best_median is None or result.median_us < best_median)
+    return result.median_us is not None and (best.median_us is None or result.median_us < best.median_us)
 
 
-def best_so_far(attempts: list[dict]) -> list[dict | None]:
-    """The run's best as the loop held it after each of these attempts (rows in number order): takes_the_lead
+def best_so_far(attempts: list[Attempt]) -> list[Attempt | None]:
+    """The run's best as the loop held it after each of these attempts (in number order): takes_the_lead
     replayed on their logged results. For logged runs seen attempt by attempt (the report's best-so-far line,
     export's rebuilt conversations); a whole run's best is runs.best_attempt_id."""
     best, out = None, []
-    for row in attempts:
-        if takes_the_lead(EvalResult.from_dict(row.get("result")), best):
-            best = row
+    for attempt in attempts:
+        if takes_the_lead(attempt.result, best):
+            best = attempt
         out.append(best)
     return out
 
 
-def best_after(attempts: list[dict]) -> dict | None:
-    """The run's best as the loop held it after these attempts (rows in number order)."""
+def best_after(attempts: list[Attempt]) -> Attempt | None:
+    """The run's best as the loop held it after these attempts (in number order)."""
     return best_so_far(attempts)[-1] if attempts else None
 
 
 def fastest_key(attempt) -> tuple:
     """Sort key of FASTEST_ORDER (ascending: the fastest first; `min` gives the fastest) for attempts given in number
-    order, since sorted and min keep the earlier of equals. `attempt`: an attempts row, or anything with a
-    speedup_eager attribute (agent.policy.AttemptView)."""
-    speedup = attempt.get("speedup_eager") if isinstance(attempt, dict) else attempt.speedup_eager
+    order, since sorted and min keep the earlier of equals. `attempt`: anything with a speedup_eager attribute
+    (Attempt, agent.policy.AttemptView)."""
+    speedup = attempt.speedup_eager
     return (speedup is None, -(speedup or 0.0))
 
 
@@ -259,7 +327,7 @@ class Store:
         self.path = path
         self.readonly = readonly
         self._lock = threading.RLock()
-        self._history: dict[str, list[dict]] = {}   # run id -> history(): its committed attempts so far
+        self._history: dict[str, list[Attempt]] = {}   # run id -> history(): its committed attempts so far
 
     # -- setup ---------------------------------------------------------------------------------------------------
     def _prepare(self) -> None:
@@ -370,39 +438,39 @@ class Store:
                 self.add_message(run_id, message, attempt_id=attempt_id, branch=row["branch"], turn=row.get("turn"))
         return attempt_id
 
-    def get_attempt(self, attempt_id: int) -> dict:
-        rows = self._select("SELECT * FROM attempts WHERE id = ?", [attempt_id])
+    def get_attempt(self, attempt_id: int) -> Attempt:
+        rows = self._attempts("SELECT * FROM attempts WHERE id = ?", [attempt_id])
         if not rows:
             raise StoreError(f"no attempt {attempt_id} in {self.path}")
         return rows[0]
 
-    def attempts(self, run_id: str, branch: int | None = None) -> list[dict]:
+    def attempts(self, run_id: str, branch: int | None = None) -> list[Attempt]:
         """A run's attempts in number order (optionally one branch's)."""
         if branch is None:
-            return self._select("SELECT * FROM attempts WHERE run_id = ? ORDER BY number", [run_id])
-        return self._select("SELECT * FROM attempts WHERE run_id = ? AND branch = ? ORDER BY number",
-                            [run_id, branch])
+            return self._attempts("SELECT * FROM attempts WHERE run_id = ? ORDER BY number", [run_id])
+        return self._attempts("SELECT * FROM attempts WHERE run_id = ? AND branch = ? ORDER BY number",
+                              [run_id, branch])
 
-    def history(self, run_id: str, branch: int | None = None) -> list[dict]:
+    def history(self, run_id: str, branch: int | None = None) -> list[Attempt]:
         """attempts() for a loop that reads them before every proposal: without SASS listings (most of their bytes),
         and read from the file only once each (attempts are never changed once committed, and numbered in commit
-        order), so a proposal costs the same at attempt 5000 as at attempt 5. The rows are shared: read-only.
+        order), so a proposal costs the same at attempt 5000 as at attempt 5. The attempts are shared: read-only.
 
-        >>> [a["number"] for a in db.history(run_id)]
+        >>> [a.number for a in db.history(run_id)]
         [1, 2, 3]
         """
         with self._lock:
             rows = self._history.setdefault(run_id, [])
-            after = rows[-1]["number"] if rows else 0
+            after = rows[-1].number if rows else 0
             columns = ", ".join(c for c in self.db["attempts"].columns_dict if c not in ("sass", "withheld"))
-            rows += self._select(f"SELECT {columns} FROM attempts WHERE run_id = ? AND number > ? ORDER BY number",
-                                 [run_id, after])
-            return list(rows) if branch is None else [a for a in rows if a["branch"] == branch]
+            rows += self._attempts(f"SELECT {columns} FROM attempts WHERE run_id = ? AND number > ? ORDER BY number",
+                                   [run_id, after])
+            return list(rows) if branch is None else [a for a in rows if a.branch == branch]
 
-    def best_attempt(self, run_id: str) -> dict | None:
+    def best_attempt(self, run_id: str) -> Attempt | None:
         """The run's best: the attempt runs.best_attempt_id names. The loop moves it only to a correct attempt that
         beat the standing best in a paired re-measurement (or the first correct one): docs/design.md."""
-        rows = self._select(BEST_SQL.format(columns="a.*"), [run_id])
+        rows = self._attempts(BEST_SQL.format(columns="a.*"), [run_id])
         return rows[0] if rows else None
 
     def progress(self, run_id: str) -> dict:
@@ -464,6 +532,9 @@ class Store:
         with self._lock:
             rows = list(self.db.query(sql, params or []))
         return [_whole_result({k: _decode(k, v) for k, v in row.items()}) for row in rows]
+
+    def _attempts(self, sql: str, params: list) -> list[Attempt]:
+        return [Attempt.from_row(row) for row in self._select(sql, params)]
 
 
 class _Transaction:

@@ -79,7 +79,7 @@ def collect(store, rows: list[dict]) -> list[dict]:
                                                                                    else "")
                                              for a in reversed(attempts) if a["verdict"] != "correct"), None))
             best_row = store.best_attempt(run_id)   # the store's one definition of a run's best
-            best = next((a for a in attempts if best_row is not None and a["id"] == best_row["id"]), None)
+            best = next((a for a in attempts if best_row is not None and a["id"] == best_row.id), None)
             if best is not None:
                 timed = best["median"] is not None
                 result.update(verified=True, timed=timed, language=best["language"], template=_template(best["head"]),

@@ -7,71 +7,72 @@ sources are highlighted by Pygments and diffed by difflib; nothing is loaded fro
 from __future__ import annotations
 
 import base64
+import dataclasses
 import difflib
 import io
 from pathlib import Path
 
 from markupsafe import Markup
 
-from tools.records.store import offline_marker
+from tools.records.store import Attempt, offline_marker
 
 
-def attempt_facts(a: dict, parent: dict | None) -> list[tuple[str, str]]:
+def attempt_facts(a: Attempt, parent: Attempt | None) -> list[tuple[str, str]]:
     """An attempt's facts as (name, value) lines: what it was, its parent and why the strategy picked it, its
     timings, correctness, counters and where its time went. Values are plain text (candidate text included)."""
-    facts = [("what", ", ".join(x for x in (a.get("language"), f"branch {a['branch']}",
-                                          f"turn {a['turn']}" if a.get("turn") is not None else "",
-                                          a.get("created_at")) if x))]
+    facts = [("what", ", ".join(x for x in (a.language, f"branch {a.branch}",
+                                          f"turn {a.turn}" if a.turn is not None else "",
+                                          a.created_at) if x))]
     if parent is not None:
-        facts.append(("parent", f"#{parent['number']}"))
-    elif a.get("parent_attempt_id") is None:
+        facts.append(("parent", f"#{parent.number}"))
+    elif a.parent_attempt_id is None:
         facts.append(("parent", "none (started from the target alone)"))
-    if a.get("parent_reason"):
-        facts.append(("strategy", a["parent_reason"]))
-    if a.get("island") is not None:
-        facts.append(("island", str(a["island"])))
-    if a.get("archive_cell"):
-        facts.append(("cell", a["archive_cell"]))
-    time_us = a.get("time_us") or {}
-    if time_us.get("median") is not None:
-        spread = f", IQR {time_us['iqr']:.2f} us" if time_us.get("iqr") is not None else ""
-        calls = f", {time_us['n']} calls" if time_us.get("n") else ""
-        facts.append(("time", f"median {time_us['median']:.2f} us{spread}{calls}"))
-    speed = [f"{a[k]:.2f}x {name}" for k, name in (("speedup_eager", "eager"), ("speedup_compile", "torch.compile"))
-             if a.get(k) is not None]
-    if a.get("sol_fraction") is not None:
-        bound = (a.get("roofline") or {}).get("bound")
-        speed.append(f"{a['sol_fraction']:.0%} of speed-of-light" + (f" ({bound}-bound)" if bound else ""))
+    if a.parent_reason:
+        facts.append(("strategy", a.parent_reason))
+    if a.island is not None:
+        facts.append(("island", str(a.island)))
+    if a.archive_cell:
+        facts.append(("cell", a.archive_cell))
+    if a.median_us is not None:
+        spread = f", IQR {a.time_us.iqr:.2f} us" if a.time_us.iqr is not None else ""
+        calls = f", {a.time_us.n} calls" if a.time_us.n else ""
+        facts.append(("time", f"median {a.median_us:.2f} us{spread}{calls}"))
+    speed = [f"{value:.2f}x {name}" for value, name in ((a.speedup_eager, "eager"), (a.speedup_compile, "torch.compile"))
+             if value is not None]
+    if a.sol_fraction is not None:
+        bound = a.roofline.bound if a.roofline else None
+        speed.append(f"{a.sol_fraction:.0%} of speed-of-light" + (f" ({bound}-bound)" if bound else ""))
     if speed:
         facts.append(("speed", ", ".join(speed)))
-    c = a.get("correctness") or {}
-    if c.get("trials"):
-        facts.append(("correctness", f"{c['trials']} trials over {c.get('shapes')} shapes, max abs error "
-                                     f"{c.get('max_abs_err') or 0:.3g}"))
-    for res in a.get("resources") or []:
-        values = ", ".join(f"{k.replace('_', ' ')} {res[k]}" for k in (
-            "registers", "spills", "shared_bytes", "num_warps", "num_stages", "occupancy") if res.get(k) is not None)
-        facts.append((f"kernel {res.get('kernel')}", values))
-    for kernel, n in (a.get("ncu") or {}).items():
-        facts.append((f"ncu {kernel}", ", ".join(f"{k} {v}" for k, v in n.items() if not isinstance(v, (list, dict)))))
-    durations = a.get("durations") or {}
+    c = a.result.correctness
+    if c is not None and c.trials:
+        facts.append(("correctness", f"{c.trials} trials over {c.shapes} shapes, max abs error "
+                                     f"{c.max_abs_err or 0:.3g}"))
+    for res in a.result.resources:
+        values = ", ".join(f"{k.replace('_', ' ')} {getattr(res, k)}" for k in (
+            "registers", "spills", "shared_bytes", "num_warps", "num_stages", "occupancy") if getattr(res, k) is not None)
+        facts.append((f"kernel {res.kernel}", values))
+    for kernel, n in (a.result.ncu or {}).items():
+        facts.append((f"ncu {kernel}", ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(n).items()
+                                                 if not isinstance(v, (list, dict)))))
+    durations = a.durations or {}
     spent = [f"{k} {v:.2f} s" for k, v in durations.items() if isinstance(v, (int, float))]
     if spent:
         facts.append(("durations", ", ".join(spent)))
-    if a.get("flags"):
-        facts.append(("flags", ", ".join(a["flags"])))
-    if a.get("diagnosis"):
-        facts.append(("diagnosis", "; ".join(a["diagnosis"].splitlines())))
+    if a.result.flags:
+        facts.append(("flags", ", ".join(a.result.flags)))
+    if a.diagnosis:
+        facts.append(("diagnosis", "; ".join(a.diagnosis.splitlines())))
     return facts
 
 
-def source_diff(old: dict | None, new: dict) -> str:
+def source_diff(old: Attempt | None, new: Attempt) -> str:
     """A unified diff of two attempts' sources (old None: from nothing), named by attempt number."""
-    before = (old or {}).get("source") or ""
-    after = new.get("source") or ""
+    before = (old.source if old else None) or ""
+    after = new.source or ""
     return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                        f"attempt {old['number']}" if old else "(nothing)",
-                                        f"attempt {new['number']}"))
+                                        f"attempt {old.number}" if old else "(nothing)",
+                                        f"attempt {new.number}"))
 
 
 # -- the run viewer ------------------------------------------------------------------------------------------------
@@ -110,30 +111,29 @@ def run_view(store, run_id: str, anchor: str = "", plots: bool = True) -> dict:
     run = store.get_run(run_id)
     attempts = store.attempts(run_id)
     best = store.best_attempt(run_id)
-    by_id = {a["id"]: a for a in attempts}
+    by_id = {a.id: a for a in attempts}
     rows = []
     for a in attempts:
-        parent = by_id.get(a["parent_attempt_id"])
+        parent = by_id.get(a.parent_attempt_id)
         diff = source_diff(parent, a) if parent is not None else ""
-        resources = a.get("resources") or []
         rows.append({
-            "number": a["number"], "anchor": f"{anchor}a{a['number']}", "branch": a["branch"],
-            "verdict": a["verdict"] or "", "language": a.get("language") or "", "label": label_of(a.get("source")),
-            "speedup_eager": _number(a.get("speedup_eager"), "{:.2f}"),
-            "speedup_compile": _number(a.get("speedup_compile"), "{:.2f}"),
-            "sol": _number(a.get("sol_fraction"), "{:.0%}"),
-            "median": _number((a.get("time_us") or {}).get("median"), "{:.1f}"),
-            "counters": "; ".join(f"{r.get('registers')} regs, {r.get('spills')} spills" for r in resources
-                                  if r.get("registers") is not None),
-            "parent": parent["number"] if parent else None,
-            "parent_anchor": f"{anchor}a{parent['number']}" if parent else None,
-            "pick": a.get("parent_reason") or "", "island": a.get("island"), "cell": a.get("archive_cell") or "",
-            "reasons": a.get("reasons") or [], "withheld": a.get("withheld") or [],
+            "number": a.number, "anchor": f"{anchor}a{a.number}", "branch": a.branch,
+            "verdict": a.verdict or "", "language": a.language or "", "label": label_of(a.source),
+            "speedup_eager": _number(a.speedup_eager, "{:.2f}"),
+            "speedup_compile": _number(a.speedup_compile, "{:.2f}"),
+            "sol": _number(a.sol_fraction, "{:.0%}"),
+            "median": _number(a.median_us, "{:.1f}"),
+            "counters": "; ".join(f"{r.registers} regs, {r.spills} spills" for r in a.result.resources
+                                  if r.registers is not None),
+            "parent": parent.number if parent else None,
+            "parent_anchor": f"{anchor}a{parent.number}" if parent else None,
+            "pick": a.parent_reason or "", "island": a.island, "cell": a.archive_cell or "",
+            "reasons": a.reasons or [], "withheld": a.withheld or [],
             "facts": attempt_facts(a, parent),
-            "source": _highlighted(a.get("source") or "", PythonLexer()),
+            "source": _highlighted(a.source or "", PythonLexer()),
             "diff": _highlighted(diff, DiffLexer()) if diff else None,
             "diff_lines": sum(line[:1] in "+-" for line in diff.splitlines()[2:]),
-            "best": best is not None and a["id"] == best["id"],
+            "best": best is not None and a.id == best.id,
         })
     figures = []
     if plots and attempts:
@@ -144,14 +144,14 @@ def run_view(store, run_id: str, anchor: str = "", plots: bool = True) -> dict:
         roofline = roofline_figure(attempts, run.get("gpu_name"), run.get("target_name"))
         if roofline is not None:
             figures.append(("roofline", figure_uri(roofline)))
-    verified = sum(a["verdict"] == "correct" for a in attempts)
-    timed = any((a.get("time_us") or {}).get("median") for a in attempts)
+    verified = sum(a.verdict == "correct" for a in attempts)
+    timed = any(a.timed for a in attempts)
     return {"id": run["id"], "anchor": anchor, "target": run.get("target_name"), "policy": run.get("policy"),
             "model": run.get("model"), "status": run.get("status"), "notes": run.get("notes") or "",
             "created": run.get("created_at"), "gpu": run.get("gpu_name"),
             "strategy": (run.get("settings") or {}).get("strategy") or "refine",
             "attempts": rows, "verified": verified, "timed": timed, "figures": figures,
-            "best": best["number"] if best else None, "best_anchor": f"{anchor}a{best['number']}" if best else None}
+            "best": best.number if best else None, "best_anchor": f"{anchor}a{best.number}" if best else None}
 
 
 def label_of(source: str | None) -> str:
