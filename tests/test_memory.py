@@ -274,7 +274,7 @@ def test_every_entry_point_gets_memory_from_agent_run_when_its_settings_name_it(
     per thing kept), whoever calls them; settings that name none (the default: suite, bench, the Python API)
     neither read nor write it."""
     from agent import run as runs
-    from agent.policies.offline import MARK
+    from tools.records.store import OFFLINE_MARK as MARK
     from tools.records.store import attempt_columns
 
     seed, memory, target = tmp_path / "add_scaled.py", tmp_path / "memory.db", REPO / "tests/targets/tiny_add.py"
