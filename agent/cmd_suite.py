@@ -36,7 +36,7 @@ def suite_command(
     language: str = typer.Option("auto", metavar="LANG", help="triton, ptx or auto."),
     model: Optional[str] = typer.Option(None, metavar="ID", help="Model id for the anthropic/openai policies."),
     base_url: Optional[str] = typer.Option(None, metavar="URL", help="API base URL for the anthropic/openai policies."),
-    jobs: Optional[int] = typer.Option(None, min=1, metavar="N", help="Offline policy: starters generated in parallel, for the next JOBS problems at a time (default: half the CPU cores, at most 8)."),
+    jobs: Optional[int] = typer.Option(None, min=1, metavar="N", help="Offline policy: starters generated in parallel per lane, in the background while problems run (default: half the CPU cores, at most 8)."),
     report_only: bool = typer.Option(False, "--report-only", help="Write the report from the database; run nothing."),
     gpus: Optional[str] = typer.Option(None, metavar="LIST", help="all, or GPU indices (0,1,...): one executor and referee per GPU, and one problem per GPU at a time (default: this process's GPU)."),
     lanes: Optional[int] = typer.Option(None, min=1, metavar="N", help="Problems run side by side, each with an evaluator of its own (default: one per GPU of --gpus; 1 spreads each problem over all of them; several without --gpus only on a CPU)."),

@@ -16,8 +16,8 @@ Bookkeeping lives in two tables of the run database, beside runs/attempts/messag
 
 Starters (StarterPool) come first from the starter cache on disk (agent/kernels/starter_cache.py: per source, GPU
 architecture, torch and Triton versions and generator code, shared by every suite and database), so a second suite
-over the same problems generates none. The others are generated in the background, `jobs` at a time in child
-processes, in plan order, while lanes run the problems whose starters have arrived (a generating child on a GPU is
+over the same problems generates none. The others are generated in the background, `jobs` at a time per lane in
+warm child processes (agent/kernels/warm_generator.py), in plan order, while lanes run the problems whose starters have arrived (a generating child on a GPU is
 stopped while a lane times a kernel there); a suite stopped by its budget keeps what was generated, in the cache.
 
 Lanes: with --gpus naming several GPUs, problems run side by side, one per GPU (each lane a thread with its own
@@ -44,7 +44,6 @@ import sys
 import threading
 import time
 import types
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -428,13 +427,15 @@ def starter_needed(store: Store, plan: SuitePlan, problem: Problem, strategy: st
 class StarterPool:
     """The offline policy's Inductor starters for a suite's items, made while lanes run the problems whose starters
     are ready. Each comes from the starter cache (agent/kernels/starter_cache.py) where it is there: no generation;
-    the others are generated in the background, `plan.jobs` at a time in child processes, in plan order, spread
-    over the lanes' GPUs (`gpus`), each kept in the cache as it arrives and handed to the lane that takes its problem
-    (which writes it to its run database). On a GPU, generations side by side hold at most GENERATION_MEMORY_SHARE
-    of its free memory (each its reference's full-size inputs and outputs, three times, and weights: a level-1 ReLU
-    moves 12.8 GB), and one that ran out of memory beside others is generated again alone. A generating child is
-    listed as a user of its GPU (sandbox/pool.py), so a lane timing a kernel there stops it meanwhile, as it stops
-    planners. `hits` and `misses` count the starters found in the cache and those generated."""
+    the others are generated in the background, in plan order, by `plan.jobs` threads per lane (`gpus`: each lane's
+    GPU, the threads spread over them), each driving a warm generating child of its own
+    (agent/kernels/warm_generator.py: the imports and Inductor's set-up paid once), each starter kept in the cache as
+    it arrives and handed to the lane that takes its problem (which writes it to its run database). On a GPU,
+    generations side by side hold at most GENERATION_MEMORY_SHARE of its free memory (each its reference's
+    full-size inputs and outputs, three times, and weights: a level-1 ReLU moves 12.8 GB), and one that ran out of
+    memory beside others is generated again alone. A generating child is listed as a user of its GPU
+    (sandbox/pool.py), so a lane timing a kernel there stops it meanwhile, as it stops planners. `hits` and `misses`
+    count the starters found in the cache and those to generate."""
 
     def __init__(self, store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
                  items: list[tuple[Problem, str]], gpus: list[int | None] | None = None, cache=None) -> None:
@@ -451,20 +452,25 @@ class StarterPool:
                 self._waits[item] = sha
                 todo.setdefault(sha, item[0])
         self.total, self.done = len(todo), 0
-        missing = {}
+        self._queue: list[tuple[str, Problem]] = []   # to generate, in plan order
         for sha, problem in todo.items():
             entry = cache.get(cache_key(sha)) if cache is not None else None
             if entry is None:
-                missing[sha] = problem
+                self._queue.append((sha, problem))
             else:
                 self._arrived(sha, problem, entry, cached=True)
-        self.hits, self.misses = self.total - len(missing), len(missing)
-        self._gpus = gpus or [None]
-        self._gates = {gpu: MemoryGate(generation_memory(gpu)) for gpu in set(self._gpus)}
+        self.hits, self.misses = self.total - len(self._queue), len(self._queue)
+        gpus = gpus or [None]
+        self._gates = {gpu: MemoryGate(generation_memory(gpu)) for gpu in set(gpus)}
         self._beside = {gpu: 0 for gpu in self._gates}   # generations running on each GPU
-        self._pool = ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="kloop-starter")
-        for i, (sha, problem) in enumerate(missing.items()):
-            self._pool.submit(self._generate, sha, problem, self._gpus[i % len(self._gpus)])
+        self._closing = False
+        self._generators: list = []
+        # --jobs per lane, as when each lane generated its own problems' starters; no more than there is to make
+        count = min(plan.jobs * len(gpus), len(self._queue))
+        self._threads = [threading.Thread(target=self._generating, args=(gpus[i % len(gpus)],), daemon=True,
+                                          name=f"kloop-starter-{i}") for i in range(count)]
+        for thread in self._threads:
+            thread.start()
 
     def ready(self, item: tuple[Problem, str]) -> bool:
         """Whether the item can run: it needs no starter, or its starter has arrived."""
@@ -485,17 +491,36 @@ class StarterPool:
             self._cond.wait(timeout)
 
     def close(self) -> None:
-        """No more generations: those queued are dropped, those running killed (and kept nowhere)."""
-        from agent.kernels import inductor
-
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """No more generations: those queued are dropped, the warm children end (any still generating is killed,
+        its starter kept nowhere)."""
         with self._cond:
-            running = len(self._ready) < self.total
-        if running:
-            inductor.stop_generating()
-        self._pool.shutdown(wait=True)
+            self._closing = True
+            self._queue.clear()
+            generators = list(self._generators)
+        for generator in generators:
+            generator.kill()
+        for thread in self._threads:
+            thread.join()
 
-    def _generate(self, sha: str, problem: Problem, gpu: int | None) -> None:
+    def _generating(self, gpu: int | None) -> None:
+        """One generating thread: the next problem in the queue, in its warm child on `gpu`, until none is left."""
+        from agent.kernels.warm_generator import WarmGenerator
+
+        visible = None if gpu is None else runs.gpu_list(str(gpu))[0]
+        generator = WarmGenerator(visible, started=_gpu_user(visible))
+        with self._cond:
+            self._generators.append(generator)
+        try:
+            while True:
+                with self._cond:
+                    if self._closing or not self._queue:
+                        return
+                    sha, problem = self._queue.pop(0)
+                self._generate(generator, sha, problem, gpu)
+        finally:
+            generator.close()
+
+    def _generate(self, generator, sha: str, problem: Problem, gpu: int | None) -> None:
         from agent.kernels import inductor
 
         gate, alone, entry = self._gates[gpu], False, None
@@ -510,9 +535,7 @@ class StarterPool:
                     crowded = self._beside[gpu] > 1
                 began = time.monotonic()
                 try:
-                    visible = None if gpu is None else runs.gpu_list(str(gpu))[0]
-                    starter = inductor.generate(str(problem.path), visible=visible, started=_gpu_user(visible))
-                    entry = {"starter": starter.to_dict(), "error": None}
+                    entry = {"starter": generator.generate(str(problem.path)).to_dict(), "error": None}
                 except inductor.GenerationStopped as e:   # killed: nothing is known about the problem
                     entry = {"starter": None, "error": str(e), "stopped": True}
                 except inductor.NoStarter as e:

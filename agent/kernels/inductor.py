@@ -151,13 +151,11 @@ def stop_generating() -> None:
 
 
 def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIMEOUT_S,
-             visible: str | None = None, give_up: threading.Event | None = None,
-             started=None) -> Generated:
+             visible: str | None = None, give_up: threading.Event | None = None) -> Generated:
     """The standalone Inductor starter for a target (a built-in name or a KernelBench-style file), generated in a
     child process. small: generate at the target's CPU size (default: when there is no CUDA GPU); visible: the
     CUDA_VISIBLE_DEVICES entry of the GPU to generate on (None: this process's); give_up: set, the child is killed
-    (GenerationStopped); started: called with the child (a subprocess.Popen) once it runs (a suite lists it as a
-    user of its GPU). NoStarter, with a one-line reason, when there is none."""
+    (GenerationStopped). NoStarter, with a one-line reason, when there is none."""
     if small is None:
         from tools.inputs import DEVICE
         small = DEVICE.type != "cuda"
@@ -174,8 +172,6 @@ def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIM
         _RUNNING.add(child)
         deadline = time.monotonic() + timeout_s
         try:
-            if started is not None:
-                started(child)
             while True:
                 try:  # in steps, to see give_up; communicate() may be called again after a timeout
                     stdout, stderr = child.communicate(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
