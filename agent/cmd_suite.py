@@ -123,8 +123,8 @@ class SuiteView:
             if event["hits"] or event["misses"]:
                 line(f"starters: {event['hits']} from the cache, {event['misses']} to generate ({event['cache']})")
         elif kind == "starter":
-            what = f"starter in {event['seconds']:.0f} s" if event["ok"] else f"no starter: {event['error']}"
-            what = f"{what} (from the cache)" if event.get("cached") else what
+            made = "from the cache" if event.get("cached") else f"in {event['seconds']:.0f} s"
+            what = f"starter {made}" if event["ok"] else f"no starter: {event['error']}"
             line(f"starter {event['done']}/{event['total']} {event['problem']}: {what}")
             if self.status is not None:
                 self.status.update(f"generating starters {event['done']}/{event['total']}")

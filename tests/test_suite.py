@@ -746,3 +746,23 @@ def test_lanes_on_two_gpus_run_problems_side_by_side_and_share_the_idle_gpu(tmp_
         assert all(a["verdict"] == "correct" for a in attempts), [a["reasons"] for a in attempts]
         used |= {(a["gpu"] or {}).get("index") for a in attempts}
     assert used == {0, 1}
+
+
+def test_the_progress_says_which_starters_came_from_the_cache(monkeypatch):
+    import io
+
+    from agent import cmd_suite
+    from agent.output import Output
+
+    out = io.StringIO()
+    monkeypatch.setattr(cmd_suite, "console", Output(file=out))
+    view = cmd_suite.SuiteView(type("Plan", (), {"max_attempts": 4}))
+    view({"kind": "starters", "hits": 3, "misses": 1, "cache": "/c"})
+    view({"kind": "starter", "problem": "level1/1_op", "done": 1, "total": 4, "ok": True, "cached": True,
+          "error": None, "seconds": 41.0})
+    view({"kind": "starter", "problem": "level1/2_op", "done": 2, "total": 4, "ok": False, "cached": False,
+          "error": "a library call", "seconds": 9.0})
+    assert out.getvalue().splitlines() == ["starters: 3 from the cache, 1 to generate (/c)",
+                                           "starter 1/4 level1/1_op: starter from the cache",
+                                           "starter 2/4 level1/2_op: no starter: a library call"]
+    assert view.starters["hits"] == 3
