@@ -358,7 +358,7 @@ def cache_key(sha: str) -> dict:
     return starter_key(sha, starter_device(), torch.__version__, triton.__version__, generator_version())
 
 
-# Reasons that tell of the machine at the time, not of the problem: kept nowhere (the problem's run generates its own)
+# Reasons that tell of the machine at the time, not of the problem: kept in the suite's database, not in the cache
 TRANSIENT_ERRORS = ("out of memory", "did not finish")
 
 
@@ -554,11 +554,11 @@ class StarterPool:
             if entry is None:
                 entry = {"starter": None, "error": "generation failed", "stopped": True}
             entry = {"target_sha256": sha, **entry, "seconds": time.monotonic() - began}
-            # a killed generation, or one that failed for the machine's state at the time, is kept nowhere: the
-            # problem's run generates its own starter
-            kept = not entry.pop("stopped", False) and \
-                not any(e in (entry["error"] or "").lower() for e in TRANSIENT_ERRORS)
-            if kept and self.cache is not None:
+            # a killed generation is kept nowhere (the problem's run generates its own starter); one that failed for
+            # the machine's state at the time only in this suite's database
+            kept = not entry.pop("stopped", False)
+            if kept and self.cache is not None and \
+                    not any(e in (entry["error"] or "").lower() for e in TRANSIENT_ERRORS):
                 self.cache.put(cache_key(sha), entry)
             self._arrived(sha, problem, entry, cached=False, kept=kept)
 
