@@ -46,3 +46,26 @@ def _outcome(generator, spec):
         return generator.generate(spec)
     except inductor.NoStarter as e:
         return e
+
+
+@pytest.mark.gpu
+def test_a_warm_child_on_a_gpu_is_listed_as_its_user_and_generates_alike_twice():
+    """A suite's warm child on a GPU is listed in the GPU's registry (a timing there stops it, sandbox/pool.py); its
+    second generation of a target has the first's kernels and tunables (the defaults are timed: they may differ)."""
+    import torch
+
+    from agent import suite
+    from sandbox import pool
+    from tools.profile import gpu_uuid
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    assert suite.starter_device() == "sm_{}{}".format(*torch.cuda.get_device_capability())
+    generator = WarmGenerator(visible="0", started=suite._gpu_user("0"))
+    try:
+        first = generator.generate("softmax")
+        assert generator._child.pid in pool._listed(pool._directory(gpu_uuid("0")))
+        second = generator.generate("softmax")
+        assert (first.kernels, first.tunables) == (second.kernels, second.tunables)
+    finally:
+        generator.close()
