@@ -17,8 +17,9 @@ Bookkeeping lives in two tables of the run database, beside runs/attempts/messag
 Starters (StarterPool) come first from the starter cache on disk (agent/kernels/starter_cache.py: per source, GPU
 architecture, torch and Triton versions and generator code, shared by every suite and database), so a second suite
 over the same problems generates none. The others are generated in the background, `jobs` at a time per lane in
-warm child processes (agent/kernels/warm_generator.py), in plan order, while lanes run the problems whose starters have arrived (a generating child on a GPU is
-stopped while a lane times a kernel there); a suite stopped by its budget keeps what was generated, in the cache.
+warm child processes (agent/kernels/warm_generator.py), in plan order, while lanes run the problems whose starters
+have arrived (a generating child on a GPU is stopped while a lane times a kernel there); a suite stopped by its
+budget keeps what was generated, in the cache.
 
 Lanes: with --gpus naming several GPUs, problems run side by side, one per GPU (each lane a thread with its own
 evaluator session and database connection, taking the next problem whose starter is ready when it is done with
@@ -540,6 +541,8 @@ class StarterPool:
                     entry = {"starter": None, "error": str(e), "stopped": True}
                 except inductor.NoStarter as e:
                     entry = {"starter": None, "error": str(e)}
+                except Exception as e:  # noqa: BLE001 (ours, e.g. listing the child: this thread goes on)
+                    entry = {"starter": None, "error": f"generation failed: {type(e).__name__}: {e}", "stopped": True}
                 finally:
                     with self._cond:
                         self._beside[gpu] -= 1

@@ -31,8 +31,8 @@ MARK = "kloop-starter "   # a reply line; anything else the generation prints go
 
 class WarmGenerator:
     """One warm generating child on one GPU (visible: its CUDA_VISIBLE_DEVICES entry; None: this process's), used by
-    one thread at a time (any thread may `kill` it). started: called with each child process once it runs (a suite lists it as a user of its
-    GPU)."""
+    one thread at a time (any thread may `kill` it). started: called with each child process once it runs (a suite
+    lists it as a user of its GPU)."""
 
     def __init__(self, visible: str | None = None, small: bool | None = None,
                  started: Callable[[subprocess.Popen], None] | None = None,
