@@ -36,13 +36,14 @@ def suite_command(
     language: str = typer.Option("auto", metavar="LANG", help="triton, ptx or auto."),
     model: Optional[str] = typer.Option(None, metavar="ID", help="Model id for the anthropic/openai policies."),
     base_url: Optional[str] = typer.Option(None, metavar="URL", help="API base URL for the anthropic/openai policies."),
-    jobs: Optional[int] = typer.Option(None, min=1, metavar="N", help="Offline policy: starters generated in parallel, for the next JOBS problems at a time (default: half the CPU cores, at most 8)."),
+    jobs: Optional[int] = typer.Option(None, min=1, metavar="N", help="Offline policy: starters generated in parallel per lane, in the background while problems run (default: half the CPU cores, at most 8)."),
     report_only: bool = typer.Option(False, "--report-only", help="Write the report from the database; run nothing."),
     gpus: Optional[str] = typer.Option(None, metavar="LIST", help="all, or GPU indices (0,1,...): one executor and referee per GPU, and one problem per GPU at a time (default: this process's GPU)."),
     lanes: Optional[int] = typer.Option(None, min=1, metavar="N", help="Problems run side by side, each with an evaluator of its own (default: one per GPU of --gpus; 1 spreads each problem over all of them; several without --gpus only on a CPU)."),
     ray: Optional[str] = typer.Option(None, metavar="ADDRESS", help="auto, or a Ray cluster address: planners as Ray tasks, one executor actor per GPU (pip install -e '.\\[ray]')."),
     planners: Optional[int] = typer.Option(None, min=1, metavar="N", help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
     pipeline: Optional[int] = typer.Option(None, min=1, metavar="N", help="Attempts in flight per problem (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
+    starter_cache: Optional[Path] = typer.Option(None, "--starter-cache", metavar="DIR", help="Offline policy: the folder where Inductor starters are kept across suites, per problem source, GPU architecture and torch/Triton versions (default: $KLOOP_STARTER_CACHE, else ~/.cache/kloop/starters)."),
     compile_mode: str = typer.Option("default", metavar="MODE", help="torch.compile mode of the compile baseline: default (KernelBench's published baselines) or max-autotune-no-cudagraphs (the stronger bar)."),
 ) -> None:
     """Run the loop on every problem of a KernelBench-style set (one run per problem and strategy, one database,
@@ -61,6 +62,7 @@ def suite_command(
                                max_attempts=max_attempts, minutes=minutes_per_problem, language=language, model=model,
                                base_url=base_url, jobs=jobs or max(1, min(8, (os.cpu_count() or 2) // 2)),
                                compile_mode=compile_mode, lanes=lanes,
+                               starter_cache=str(starter_cache) if starter_cache is not None else None,
                                evaluator={"gpus": gpus, "ray": ray, "planners": planners, "pipeline": pipeline})
         if not report_only:
             suite.check_plan(plan)
@@ -90,7 +92,7 @@ def suite_command(
                 stopped = True
                 console.print("suite stopped; the same command continues it (finished problems are skipped)",
                               highlight=False)
-        paths_written = _report(store, plan, out)
+        paths_written = _report(store, plan, out, None if report_only else view.starters)
     if as_json:
         print((out / "report.json").read_text().rstrip())
     else:
@@ -111,18 +113,24 @@ class SuiteView:
         self.clock = clock
         self.started = clock()
         self.finished_here = 0   # problems finished since this command started (a resumed suite skips the rest)
+        self.starters: dict | None = None   # the starter cache's hits and misses (the `starters` event)
 
     def __call__(self, event: dict) -> None:
         kind = event["kind"]
         line = lambda text: console.print(text, highlight=False, markup=False)  # noqa: E731
-        if kind == "starter":
-            what = f"starter in {event['seconds']:.0f} s" if event["ok"] else f"no starter: {event['error']}"
+        if kind == "starters":
+            self.starters = event
+            if event["hits"] or event["misses"]:
+                line(f"starters: {event['hits']} from the cache, {event['misses']} to generate ({event['cache']})")
+        elif kind == "starter":
+            made = "from the cache" if event.get("cached") else f"in {event['seconds']:.0f} s"
+            what = f"starter {made}" if event["ok"] else f"no starter: {event['error']}"
             line(f"starter {event['done']}/{event['total']} {event['problem']}: {what}")
             if self.status is not None:
                 self.status.update(f"generating starters {event['done']}/{event['total']}")
         elif kind == "starter_later":
             line(f"starter of {event['problem']} left for later after {event['seconds']:.0f} s ({event['why']}): "
-                 "generated again alone after the other problems")
+                 "generated again alone")
         elif kind == "problem":
             fast = "untimed" if not event["timed"] else \
                 f"{event['fast_1_eager']} vs eager, {event['fast_1_compile']} vs torch.compile"
@@ -159,7 +167,7 @@ class SuiteView:
         return words
 
 
-def _report(store, plan, out: Path) -> list[Path]:
+def _report(store, plan, out: Path, starters: dict | None = None) -> list[Path]:
     from agent import suite
     from tools.records.suite_report import SuiteReportError, write_suite_report
 
@@ -169,6 +177,9 @@ def _report(store, plan, out: Path) -> list[Path]:
                "settings": {"policy": plan.policy, "model": plan.model, "strategies": ",".join(plan.strategies),
                             "budget per problem": _budget(plan), "torch.compile mode": plan.compile_mode,
                             "database": str(store.path)}}
+    if starters is not None and (starters["hits"] or starters["misses"]):
+        context["settings"]["starter cache"] = (f"{starters['hits']} hits, {starters['misses']} misses "
+                                                f"({starters['cache']})")
     try:
         return write_suite_report(store, suite.rows_of(store, plan), out, context)
     except SuiteReportError as e:

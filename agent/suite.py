@@ -12,22 +12,26 @@ Bookkeeping lives in two tables of the run database, beside runs/attempts/messag
   with the same settings and the same source is skipped, and a changed budget or problem file runs anew;
 - `suite_starters`: the offline policy's Inductor starters (agent/kernels/inductor.py), or the reason there is
   none, per problem source, device kind and torch version, kept for the generator's code that made them (a changed
-  generator makes them again). They are generated `jobs` problems at a time, in
-  parallel child processes, just before those problems run (never while a kernel is timed), so a suite stopped by
-  its budget has results for its first problems, and a resumed suite reuses them (and runs the problems whose
-  starters it kept before it generates the rest of their chunk). A straggling generation, or one that ran out of
-  memory beside others, is generated again alone after the batch's other problems have run.
+  generator makes them again).
+
+Starters (StarterPool) come first from the starter cache on disk (agent/kernels/starter_cache.py: per source, GPU
+architecture, torch and Triton versions and generator code, shared by every suite and database), so a second suite
+over the same problems generates none. The others are generated in the background, `jobs` at a time per lane in
+warm child processes (agent/kernels/warm_generator.py), in plan order, while lanes run the problems whose starters
+have arrived (a generating child on a GPU is stopped while a lane times a kernel there); a suite stopped by its
+budget keeps what was generated, in the cache.
 
 Lanes: with --gpus naming several GPUs, problems run side by side, one per GPU (each lane a thread with its own
-evaluator session and database connection, taking the next chunk of problems when it is done with its own);
-`lanes` sets their number (one GPU lane per GPU, or CPU lanes).
+evaluator session and database connection, taking the next problem whose starter is ready when it is done with
+its own); `lanes` sets their number (one GPU lane per GPU, or CPU lanes). A lane with nothing left to take lends
+its GPU to a lane still running, so the last problems' attempts spread over every GPU (_Lending).
 
 A problem's run is recorded as `running` before its loop starts, so after `kill -9` the next call resumes that run
 (agent.run.resume: at most the attempt in flight is lost); Ctrl-C marks it `stopped` (resumed the same way) and
 re-raises. A problem that cannot run (its reference fails, no starter, a file that is no KernelBench module) is
 `skipped` with its one-line reason; a run that fails (RunFailed) is `failed` and tried again by the next call.
-Neither stops the suite. Nothing here prints: progress goes to `on_event` as dicts (kinds: starter, starter_later,
-problem, problem_done, and the loop's own events).
+Neither stops the suite. Nothing here prints: progress goes to `on_event` as dicts (kinds: starters (cache hits
+and misses), starter, starter_later, problem, problem_done, and the loop's own events).
 """
 from __future__ import annotations
 
@@ -35,14 +39,12 @@ import fnmatch
 import functools
 import hashlib
 import json
-import math
 import os
 import re
-import statistics
 import sys
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -54,8 +56,6 @@ from tools.records.store import Store, now, open_db
 PROBLEMS_TABLE = "suite_problems"
 STARTERS_TABLE = "suite_starters"
 DEFAULT_MAX_ATTEMPTS = 8
-STRAGGLER_AFTER_S = 120.0   # prepare_starters: a generation running longer than this ...
-STRAGGLER_FACTOR = 3.0      # ... and this many times the median of the half of the batch that is done: later, alone
 
 
 class SuiteError(Exception):
@@ -90,6 +90,7 @@ class SuitePlan:
     compile_mode: str = "default"
     evaluator: dict = field(default_factory=dict)  # gpus / ray / planners / pipeline (agent.run.evaluator_session)
     lanes: int | None = None            # problems run side by side (None: one per GPU of evaluator["gpus"], else 1)
+    starter_cache: str | None = None    # folder of the starter cache (None: agent.kernels.starter_cache's default)
 
     def __post_init__(self) -> None:
         if self.max_attempts is not None and self.minutes is not None:
@@ -181,6 +182,14 @@ def check_plan(plan: SuitePlan) -> None:
     runs.check_settings(plan.policy, settings)
     runs.check_evaluator(settings)
     plan.lane_evaluators()
+    if plan.policy == "offline" and plan.starter_cache is not None:
+        folder = Path(plan.starter_cache)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SuiteError(f"--starter-cache {folder}: cannot make the folder ({e.strerror})") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise SuiteError(f"--starter-cache {folder}: the folder is not writable")
     if plan.policy != "offline":
         runs.make_policy(plan.policy, settings, None, None)
 
@@ -331,6 +340,32 @@ def generator_version() -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.cache
+def starter_device() -> str:
+    """The device a starter is made for, as the starter cache keys it: the GPU's architecture ("sm_90"; a suite's
+    GPUs are of one kind), or "cpu-small" (Inductor's CPU Triton at the CPU sizes)."""
+    if not placement.has_gpu():
+        return "cpu-small"
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def cache_key(sha: str) -> dict:
+    """The starter cache's key of a problem source on this machine (agent/kernels/starter_cache.py)."""
+    import torch
+    import triton
+
+    from agent.kernels.starter_cache import starter_key
+
+    return starter_key(sha, starter_device(), torch.__version__, triton.__version__, generator_version())
+
+
+# Reasons that tell of the machine at the time, not of the problem: kept in the suite's database, not in the cache
+TRANSIENT_ERRORS = ("out of memory", "did not finish")
+
+
 def cached_starter(store: Store, sha: str) -> dict | None:
     device, torch_version = device_kind()
     rows = list(store.db.query(f"SELECT * FROM {STARTERS_TABLE} WHERE target_sha256 = ? AND device = ? AND "
@@ -342,7 +377,20 @@ def cached_starter(store: Store, sha: str) -> dict | None:
             "seconds": row["seconds"]}
 
 
-GENERATION_MEMORY_SHARE = 0.8   # of the GPU memory free when a batch of starters begins
+def keep_starter(store: Store, sha: str, entry: dict) -> None:
+    """A starter (or the reason there is none) in the run database, where the problem's run reads it."""
+    device, torch_version = device_kind()
+    with store.transaction():
+        store.db[STARTERS_TABLE].upsert({"target_sha256": sha, "device": device, "torch": torch_version,
+                                         "starter": json.dumps(entry["starter"]) if entry["starter"] else None,
+                                         "error": entry["error"], "seconds": entry["seconds"], "created_at": now(),
+                                         "generator": generator_version()},
+                                        pk=("target_sha256", "device", "torch"))
+
+
+# of the GPU memory free when a suite begins: generations run beside the lanes' planners (PLANNER_MEMORY_SHARE) and
+# trusted processes
+GENERATION_MEMORY_SHARE = 0.4
 GENERATION_CONTEXT_BYTES = 1 << 30
 
 
@@ -380,114 +428,205 @@ def starter_needed(store: Store, plan: SuitePlan, problem: Problem, strategy: st
     return None
 
 
-def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
-                     items: list[tuple[Problem, str]] | None = None, gpu: int | None = None) \
-        -> list[tuple[Problem, str]]:
-    """Generate the Inductor starters that `items` (default: the whole plan) still need for offline runs,
-    `plan.jobs` at a time (each in its own child process), and keep each, or its reason, in suite_starters as it
-    arrives. On a GPU, generations side by side hold at most GENERATION_MEMORY_SHARE of its free memory (each its
-    reference's full-size inputs and outputs, three times, and weights): a level-1 ReLU moves 12.8 GB, and five at
-    once ran out of memory, to be generated again one at a time. gpu: the index of the GPU to generate on (a
-    lane's; default this process's).
+class StarterPool:
+    """The offline policy's Inductor starters for a suite's items, made while lanes run the problems whose starters
+    are ready. Each comes from the starter cache (agent/kernels/starter_cache.py) where it is there: no generation;
+    the others are generated in the background, in plan order, by `plan.jobs` threads per lane (`gpus`: each lane's
+    GPU, the threads spread over them), each driving a warm generating child of its own
+    (agent/kernels/warm_generator.py: the imports and Inductor's set-up paid once), each starter kept in the cache as
+    it arrives and handed to the lane that takes its problem (which writes it to its run database). On a GPU,
+    generations side by side hold at most GENERATION_MEMORY_SHARE of its free memory (each its reference's
+    full-size inputs and outputs, three times, and weights: a level-1 ReLU moves 12.8 GB), and one that ran out of
+    memory beside others is generated again alone. A generating child is listed as a user of its GPU
+    (sandbox/pool.py), so a lane timing a kernel there stops it meanwhile, as it stops planners. `hits` and `misses`
+    count the starters found in the cache and those to generate."""
 
-    Returns the items left for later, to be generated again alone (a call with that item alone): generations that
-    ran out of memory beside others, and stragglers. A straggler, once at least half the batch is done, has run
-    longer than STRAGGLER_AFTER_S and STRAGGLER_FACTOR times their median (counted from when it got its memory): it
-    is killed, so that one slow or stuck generation (KernelBench level 2's 23 never came back beside seven others)
-    does not hold up the problems whose starters are ready."""
-    items = plan.items() if items is None else items
-    todo: dict[str, Problem] = {}
-    for problem, strategy in items:
-        if (sha := starter_needed(store, plan, problem, strategy)) is not None:
-            todo.setdefault(sha, problem)
-    if not todo:
-        return []
-    from agent.kernels import inductor
+    def __init__(self, store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
+                 items: list[tuple[Problem, str]], gpus: list[int | None] | None = None, cache=None) -> None:
+        from sandbox.pipeline import MemoryGate
 
-    device, torch_version = device_kind()
-    total, done = len(todo), 0
+        self.cache = cache
+        self._on_event = on_event
+        self._cond = threading.Condition()
+        self._waits: dict[tuple[Problem, str], str] = {}   # item -> the source sha256 whose starter it waits for
+        self._ready: dict[str, dict | None] = {}          # sha -> its entry (None: nothing kept, the run makes one)
+        todo: dict[str, Problem] = {}
+        for item in items:
+            if (sha := starter_needed(store, plan, *item)) is not None:
+                self._waits[item] = sha
+                todo.setdefault(sha, item[0])
+        self.total, self.done = len(todo), 0
+        self._queue: list[tuple[str, Problem]] = []   # to generate, in plan order
+        for sha, problem in todo.items():
+            entry = cache.get(cache_key(sha)) if cache is not None else None
+            if entry is None:
+                self._queue.append((sha, problem))
+            else:
+                self._arrived(sha, problem, entry, cached=True)
+        self.hits, self.misses = self.total - len(self._queue), len(self._queue)
+        gpus = gpus or [None]
+        self._gates = {gpu: MemoryGate(generation_memory(gpu)) for gpu in set(gpus)}
+        self._beside = {gpu: 0 for gpu in self._gates}   # generations running on each GPU
+        self._closing = False
+        self._generators: list = []
+        # --jobs per lane, as when each lane generated its own problems' starters; no more than there is to make
+        count = min(plan.jobs * len(gpus), len(self._queue))
+        self._threads = [threading.Thread(target=self._generating, args=(gpus[i % len(gpus)],), daemon=True,
+                                          name=f"kloop-starter-{i}") for i in range(count)]
+        for thread in self._threads:
+            thread.start()
 
-    from sandbox.pipeline import MemoryGate
+    def ready(self, item: tuple[Problem, str]) -> bool:
+        """Whether the item can run: it needs no starter, or its starter has arrived."""
+        sha = self._waits.get(item)
+        with self._cond:
+            return sha is None or sha in self._ready
 
-    gate = MemoryGate(generation_memory(gpu))
-    visible = None if gpu is None else placement.gpu_list(str(gpu))[0]
-    give_up = {sha: threading.Event() for sha in todo}
-    started: dict[str, float] = {}   # when each generation got its memory and began
+    def entry(self, item: tuple[Problem, str]) -> dict | None:
+        """The item's starter entry to keep in the run database ({target_sha256, starter, error, seconds}); None
+        where it needs none or none was kept (a killed generation: its run makes its own)."""
+        sha = self._waits.get(item)
+        with self._cond:
+            return self._ready.get(sha) if sha is not None else None
 
-    def one(sha: str, problem: Problem) -> tuple[str, Problem, dict | None, Exception | None, float]:
-        need = 0 if gate.budget is None else min(gate.budget, generation_bytes(problem))
-        gate.take(need)
-        began = started[sha] = time.monotonic()
+    def wait(self, timeout: float) -> None:
+        """Until the next starter arrives (or timeout)."""
+        with self._cond:
+            self._cond.wait(timeout)
+
+    def close(self) -> None:
+        """No more generations: those queued are dropped, the warm children end (any still generating is killed,
+        its starter kept nowhere)."""
+        with self._cond:
+            self._closing = True
+            self._queue.clear()
+            generators = list(self._generators)
+        for generator in generators:
+            generator.kill()
+        for thread in self._threads:
+            thread.join()
+
+    def _generating(self, gpu: int | None) -> None:
+        """One generating thread: the next problem in the queue, in its warm child on `gpu`, until none is left."""
+        from agent.kernels.warm_generator import WarmGenerator
+
+        visible = None if gpu is None else placement.gpu_list(str(gpu))[0]
+        generator = WarmGenerator(visible, started=_gpu_user(visible))
+        with self._cond:
+            self._generators.append(generator)
         try:
-            return sha, problem, inductor.generate(str(problem.path), visible=visible,
-                                                   give_up=give_up[sha]).to_dict(), None, time.monotonic() - began
-        except inductor.NoStarter as e:
-            return sha, problem, None, e, time.monotonic() - began
+            while True:
+                with self._cond:
+                    if self._closing or not self._queue:
+                        return
+                    sha, problem = self._queue.pop(0)
+                self._generate(generator, sha, problem, gpu)
         finally:
-            gate.give(need)
+            generator.close()
 
-    def keep(result) -> None:
-        nonlocal done
-        sha, problem, starter, error, seconds = result
-        done += 1
-        event = {"kind": "starter", "problem": problem.key, "done": done, "total": total, "ok": starter is not None,
-                 "error": str(error) if error else None, "seconds": seconds}
-        if not isinstance(error, inductor.GenerationStopped):  # a killed one is generated again next time
-            with store.transaction():
-                store.db[STARTERS_TABLE].upsert({"target_sha256": sha, "device": device, "torch": torch_version,
-                                                 "starter": json.dumps(starter) if starter else None,
-                                                 "error": event["error"], "seconds": seconds, "created_at": now(),
-                                                 "generator": generator_version()},
-                                                pk=("target_sha256", "device", "torch"))
-        on_event(event)
+    def _generate(self, generator, sha: str, problem: Problem, gpu: int | None) -> None:
+        from agent.kernels import inductor
 
-    later: set[str] = set()
-    pool = ThreadPoolExecutor(max_workers=plan.jobs)
-    took = []
-    try:
-        pending = {pool.submit(one, sha, problem): sha for sha, problem in todo.items()}
-        while pending:
-            finished, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-            for future in finished:
-                sha, problem, _, error, seconds = result = future.result()
-                del pending[future]
-                straggler = isinstance(error, inductor.GenerationStopped) and give_up[sha].is_set()
-                if straggler or (len(todo) > 1 and error and "out of memory" in str(error).lower()):
-                    later.add(sha)
-                    on_event({"kind": "starter_later", "problem": problem.key, "seconds": seconds,
-                              "why": "a straggler" if straggler else "out of memory beside others"})
-                else:
-                    took.append(seconds)
-                    keep(result)
-            if pending and 2 * len(took) >= len(todo):
-                limit = max(STRAGGLER_AFTER_S, STRAGGLER_FACTOR * statistics.median(took))
-                for sha in pending.values():
-                    if time.monotonic() - started.get(sha, math.inf) > limit:   # waiting for memory is no lag
-                        give_up[sha].set()
-        pool.shutdown(wait=True)
-    except KeyboardInterrupt:  # what was generated is kept; the rest is generated by the next call
-        pool.shutdown(wait=False, cancel_futures=True)
-        inductor.stop_generating()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return [(problem, strategy) for problem, strategy in items
-            if problem.path.is_file() and source_sha256(problem.path) in later]
+        gate, alone, entry = self._gates[gpu], False, None
+        began = time.monotonic()
+        try:
+            while True:
+                need = 0 if gate.budget is None else gate.budget if alone else \
+                    min(gate.budget, generation_bytes(problem))
+                gate.take(need)
+                with self._cond:
+                    self._beside[gpu] += 1
+                    crowded = self._beside[gpu] > 1
+                began = time.monotonic()
+                try:
+                    entry = {"starter": generator.generate(str(problem.path)).to_dict(), "error": None}
+                except inductor.GenerationStopped as e:   # killed: nothing is known about the problem
+                    entry = {"starter": None, "error": str(e), "stopped": True}
+                except inductor.NoStarter as e:
+                    entry = {"starter": None, "error": str(e)}
+                except Exception as e:  # noqa: BLE001 (ours, e.g. listing the child: this thread goes on)
+                    entry = {"starter": None, "error": f"generation failed: {type(e).__name__}: {e}", "stopped": True}
+                finally:
+                    with self._cond:
+                        self._beside[gpu] -= 1
+                    gate.give(need)
+                if crowded and not alone and "out of memory" in (entry["error"] or "").lower():
+                    alone = True
+                    self._event({"kind": "starter_later", "problem": problem.key,
+                                 "seconds": time.monotonic() - began, "why": "out of memory beside others"})
+                    continue
+                break
+        finally:   # whatever happened, the lane waiting for it goes on
+            if entry is None:
+                entry = {"starter": None, "error": "generation failed", "stopped": True}
+            entry = {"target_sha256": sha, **entry, "seconds": time.monotonic() - began}
+            # a killed generation is kept nowhere (the problem's run generates its own starter); one that failed for
+            # the machine's state at the time only in this suite's database
+            kept = not entry.pop("stopped", False)
+            if kept and self.cache is not None and \
+                    not any(e in (entry["error"] or "").lower() for e in TRANSIENT_ERRORS):
+                self.cache.put(cache_key(sha), entry)
+            self._arrived(sha, problem, entry, cached=False, kept=kept)
+
+    def _arrived(self, sha: str, problem: Problem, entry: dict, cached: bool, kept: bool = True) -> None:
+        with self._cond:
+            self._ready[sha] = {"target_sha256": sha, "starter": entry["starter"], "error": entry["error"],
+                                "seconds": entry.get("seconds")} if kept else None
+            self.done += 1
+            done = self.done
+            self._cond.notify_all()
+        self._event({"kind": "starter", "problem": problem.key, "done": done, "total": self.total,
+                     "ok": entry["starter"] is not None, "cached": cached, "error": entry["error"],
+                     "seconds": entry.get("seconds") or 0.0})
+
+    def _event(self, event: dict) -> None:
+        try:
+            self._on_event(event)
+        except KeyboardInterrupt:   # lanes are stopping (their events raise it): nothing to tell
+            pass
+
+
+def _gpu_user(visible: str | None) -> Callable | None:
+    """What lists a generating child as a user of GPU `visible` (None without a GPU)."""
+    if not placement.has_gpu():
+        return None
+    from sandbox import pool
+    from tools.profile import gpu_uuid
+
+    uuid = gpu_uuid(visible)
+    if not uuid:
+        return None
+    return lambda child: pool.register(types.SimpleNamespace(proc=child), uuid)
 
 
 # -- the suite --------------------------------------------------------------------------------------------------
 def run_suite(store: Store, plan: SuitePlan, on_event: Callable[[dict], None] = lambda event: None,
               session=None) -> list[dict]:
-    """Every (problem, strategy) of the plan not yet finished with the same settings, in plan order, by one lane or
-    several side by side (plan.lane_evaluators; `session`: one lane in that evaluator); returns the plan's rows
-    (rows_of). Ctrl-C: the problems in flight are marked stopped and KeyboardInterrupt re-raised."""
+    """Every (problem, strategy) of the plan not yet finished with the same settings, in plan order as their
+    starters are ready, by one lane or several side by side (plan.lane_evaluators; `session`: one lane in that
+    evaluator); returns the plan's rows (rows_of). Ctrl-C: the problems in flight are marked stopped and
+    KeyboardInterrupt re-raised."""
+    from agent.kernels.starter_cache import StarterCache
+
     ensure_tables(store)
-    work = _Work(plan.items(), plan.jobs)
     lanes = [dict(plan.evaluator)] if session is not None else plan.lane_evaluators()
-    if len(lanes) == 1:
-        _lane(store, plan, on_event, work, lanes[0], session, _lane_gpu(lanes[0]))
-    else:
-        _run_lanes(store, plan, on_event, work, lanes)
+    lock = threading.Lock()
+
+    def emit(event: dict) -> None:   # starters arrive on the pool's threads, beside the lanes' events
+        with lock:
+            on_event(event)
+
+    starters = StarterPool(store, plan, emit, plan.items(), [_lane_gpu(lane) for lane in lanes],
+                           StarterCache(plan.starter_cache) if plan.starter_cache else StarterCache.default())
+    emit({"kind": "starters", "hits": starters.hits, "misses": starters.misses, "cache": str(starters.cache.folder)})
+    work = _Work(plan.items(), starters)
+    try:
+        if len(lanes) == 1:
+            _lane(store, plan, emit, work, lanes[0], session)
+        else:
+            _run_lanes(store, plan, emit, work, lanes)
+    finally:
+        starters.close()
     return rows_of(store, plan)
 
 
@@ -499,29 +638,39 @@ def _lane_gpu(evaluator: dict) -> int | None:
 
 
 class _Work:
-    """The plan's items in chunks of `jobs` (their starters are generated together), handed out in plan order."""
+    """The plan's items for lanes, each handed out once: the first in plan order whose starter is ready (or that
+    needs none); while every item left waits for its starter, until the next one arrives."""
 
-    def __init__(self, items: list[tuple[Problem, str]], jobs: int) -> None:
+    def __init__(self, items: list[tuple[Problem, str]], starters: StarterPool) -> None:
         self.total = len(items)
-        self._chunks = iter([(i, items[i:i + jobs]) for i in range(0, len(items), jobs)])
+        self._left = list(enumerate(items))
+        self._starters = starters
         self._lock = threading.Lock()
 
-    def next_chunk(self) -> tuple[int, list[tuple[Problem, str]]] | None:
-        with self._lock:
-            return next(self._chunks, None)
+    def next_item(self) -> tuple[int, tuple[Problem, str], dict | None] | None:
+        """(index in the plan, item, its starter entry to keep) or None when every item was handed out."""
+        while True:
+            with self._lock:
+                if not self._left:
+                    return None
+                for k, (index, item) in enumerate(self._left):
+                    if self._starters.ready(item):
+                        del self._left[k]
+                        return index, item, self._starters.entry(item)
+            self._starters.wait(1.0)
 
 
 def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work: _Work, evaluator: dict,
-          session=None, gpu: int | None = None, tag: bool = False) -> None:
-    """Chunks until none is left: a chunk's problems one after another, in one evaluator session (its planners,
-    executors and referees stay warm across problems). First those that need no starter generated (kept by an
-    earlier call that was stopped while it generated this chunk's); then the others' starters side by side (on
-    `gpu`), and those problems, the ones whose starter was left for later last, each after its starter is
-    generated alone. tag: the loop's events carry their problem (lanes side by side interleave them)."""
+          session=None, tag: bool = False, lending: "_Lending | None" = None, lane: int = 0) -> None:
+    """Items from `work` until none is left, in one evaluator session (its planners, executors and referees stay
+    warm across problems; `session`: the caller's, else one of the lane's own). tag: the loop's events carry their
+    problem (lanes side by side interleave them). lending: lanes side by side, where this lane's devices go to a lane
+    still running once this one has nothing left (the caller closes the sessions then)."""
     own = session is None
     if own:
-        first = plan.items()[0]
-        session = runs.evaluator_session(plan.run_settings(*first, evaluator))
+        session = runs.evaluator_session(plan.run_settings(*plan.items()[0], evaluator))
+    if lending is not None:
+        lending.running(lane, session)
 
     def run_one(index: int, problem: Problem, strategy: str) -> None:
         on_event({"kind": "problem", "index": index, "total": work.total, "problem": problem.key,
@@ -533,39 +682,67 @@ def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work:
                   "best": _best_of(store, row.get("run_id")), **tally(store, rows_of(store, plan))})
 
     try:
-        while (chunk := work.next_chunk()) is not None:
-            begin, items = chunk
-            waiting = [pair for pair in enumerate(items, begin) if starter_needed(store, plan, *pair[1])]
-            for index, (problem, strategy) in enumerate(items, begin):
-                if (index, (problem, strategy)) not in waiting:
-                    run_one(index, problem, strategy)
-            if not waiting:
-                continue
-            # starters just before their problems run: a suite stopped by its budget has run problems rather than
-            # only generated starters for all of them
-            later = prepare_starters(store, plan, on_event, [item for _, item in waiting], gpu)
-            for index, (problem, strategy) in sorted(waiting, key=lambda pair: pair[1] in later):
-                if (problem, strategy) in later:  # its starter again, alone on the GPU (nothing is timed meanwhile)
-                    prepare_starters(store, plan, on_event, [(problem, strategy)], gpu)
-                run_one(index, problem, strategy)
+        while (taken := work.next_item()) is not None:
+            index, (problem, strategy), starter = taken
+            if starter is not None:
+                keep_starter(store, starter["target_sha256"], starter)
+            run_one(index, problem, strategy)
+        if lending is not None:
+            lending.idle(lane)
     finally:
-        if own:
+        if own and lending is None:
+            session.close()
+
+
+class _Lending:
+    """Lanes side by side share their GPUs at the end: a lane with nothing left to take gives its devices (its own
+    and those lent to it) to the running lane that has fewest, whose problem's attempts then spread over them (its
+    pipeline's queue feeds every device it has: sandbox/pipeline.py lend). One candidate still runs at a time per
+    device (Device.lock), the owner's lane being idle; timings stay compared on one GPU (a would-be best is paired
+    against the standing best on the device that profiled it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[int, Any] = {}         # every lane's session, closed by the caller at the end
+        self._devices: dict[int, list] = {}         # the devices each running lane's session uses
+        self.lent: list[tuple[str, int]] = []       # (device name, lane it went to), in order
+
+    def running(self, lane: int, session) -> None:
+        with self._lock:
+            self._sessions[lane] = session
+            self._devices[lane] = list(session.devices)
+
+    def idle(self, lane: int) -> None:
+        from sandbox.pipeline import lend
+
+        with self._lock:
+            devices = self._devices.pop(lane, [])
+            for device in devices:
+                for other in sorted(self._devices, key=lambda k: (len(self._devices[k]), k)):
+                    if lend(self._sessions[other], device):
+                        self._devices[other].append(device)
+                        self.lent.append((device.name, other))
+                        break
+
+    def close(self) -> None:
+        for session in self._sessions.values():
             session.close()
 
 
 def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work: _Work,
                lanes: list[dict]) -> None:
     """Lanes side by side, each a thread with its own database connection and evaluator session (on GPU lanes, its
-    own GPU for timing and starters). Ctrl-C, or a lane's error: every lane's next event raises KeyboardInterrupt
-    in it, which marks its problem in flight stopped as one lane would; then the interrupt (or the error) is
-    raised here."""
+    own GPU for timing), lending its devices to the lanes still running once it has nothing left (_Lending).
+    Ctrl-C, or a lane's error: every lane's next event raises KeyboardInterrupt in it, which marks its problem in
+    flight stopped as one lane would; then the interrupt (or the error) is raised here."""
     from agent.kernels import inductor
 
     stopping, lock, errors = threading.Event(), threading.Lock(), []
+    lending = _Lending()
 
     def stop() -> None:
         stopping.set()
-        inductor.stop_generating()  # lanes generating starters reach their next event now
+        inductor.stop_generating()  # lanes waiting for starters reach their next event now
 
     def events(event: dict) -> None:
         if stopping.is_set():
@@ -573,10 +750,10 @@ def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], 
         with lock:  # one renderer, events whole
             on_event(event)
 
-    def lane(evaluator: dict) -> None:
+    def lane(index: int, evaluator: dict) -> None:
         own = open_db(store.path)
         try:
-            _lane(own, plan, events, work, evaluator, gpu=_lane_gpu(evaluator), tag=True)
+            _lane(own, plan, events, work, evaluator, tag=True, lending=lending, lane=index)
         except KeyboardInterrupt:
             pass
         except BaseException as e:
@@ -585,7 +762,7 @@ def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], 
         finally:
             own.close()
 
-    threads = [threading.Thread(target=lane, args=(evaluator,), name=f"kloop-suite-lane-{i}", daemon=True)
+    threads = [threading.Thread(target=lane, args=(i, evaluator), name=f"kloop-suite-lane-{i}", daemon=True)
                for i, evaluator in enumerate(lanes)]
     for thread in threads:
         thread.start()
@@ -598,6 +775,8 @@ def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], 
         for thread in threads:
             thread.join()
         raise
+    finally:
+        lending.close()
     if errors:
         raise errors[0]
 

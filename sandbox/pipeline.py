@@ -73,6 +73,20 @@ class MemoryGate:
             self._cond.notify_all()
 
 
+def lend(session, device) -> bool:
+    """Another session's idle device takes this session's candidates too, beside its own devices (a suite's lane
+    with no problem left lends its GPU to a lane still running). Its evaluations bind it as any device (one
+    candidate at a time: Device.lock). A session with nothing submitted yet gets it in its devices, which its
+    pipeline starts with. False where the session is closing."""
+    pipeline = session._pipeline
+    if getattr(session, "closed", False) or pipeline is not None and pipeline._closing:
+        return False
+    session.devices.append(device)
+    if pipeline is not None:
+        pipeline.add_device(device)
+    return True
+
+
 class DeviceLost(Exception):
     """The device went away mid-candidate (its node died): the candidate is evaluated again on another one."""
 

@@ -420,8 +420,8 @@ def test_starters_take_the_sizes_that_the_hidden_variants_change_at_run_time(spe
 
 
 def test_a_generation_given_up_is_killed_and_says_so():
-    # A suite gives up a straggling generation (agent/suite.py prepare_starters): the child dies within a second
-    # and the caller learns it was stopped, not that the target has no starter.
+    # A caller that gives up a generation: the child dies within a second and the caller learns it was stopped,
+    # not that the target has no starter.
     import threading
 
     from agent.kernels.inductor import GenerationStopped, generate

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.cli import app
+from agent.kernels.warm_generator import WarmGenerator
 from agent.suite import Problem, SuiteError, SuitePlan, discover
 from tools.records.store import StoreError, open_db
 from tools.records.suite_report import NO_TIMING, collect, compare, summarize, write_suite_report
@@ -23,6 +24,13 @@ REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "tests" / "suite_problems"
 MODULE = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x + 1\n" \
          "def get_inputs():\n    return [torch.randn(8)]\ndef get_init_inputs():\n    return []\n"
+
+
+@pytest.fixture(autouse=True)
+def starter_cache(tmp_path, monkeypatch):
+    """Suites here keep their starters in the test's own folder, never the user's cache."""
+    monkeypatch.setenv("KLOOP_STARTER_CACHE", str(tmp_path / "starter-cache"))
+    return tmp_path / "starter-cache"
 
 
 def cli(*args):
@@ -98,7 +106,7 @@ def test_discover_and_plans_refuse_bad_input_in_one_line(checkout, tmp_path):
     assert not db.exists()
 
 
-def _four_sources(tmp_path):
+def _four_sources(tmp_path, jobs=4):
     """Four problems of four sources (a starter is kept per source), their store and a plan generating 4 at once."""
     from agent import suite
 
@@ -107,7 +115,32 @@ def _four_sources(tmp_path):
         (tmp_path / "set" / f"{i + 1}_Op.py").write_text(MODULE.replace("x + 1", f"x + {i}"))
     store = open_db(tmp_path / "s.db")
     suite.ensure_tables(store)
-    return store, SuitePlan(discover([tmp_path / "set"]), jobs=4)
+    return store, SuitePlan(discover([tmp_path / "set"]), jobs=jobs)
+
+
+def _starter(source="# kernel"):
+    from agent.kernels import inductor
+
+    return inductor.Generated(source=source, defaults={}, tunables={}, notes="fake", kernels=[])
+
+
+def _take_all(store, plan, events=None, cache=None, gpus=None):
+    """Every item as a lane takes it (its starter kept in the database): [(problem key, starter entry)], in the
+    order they were handed out; and the pool."""
+    from agent import suite
+
+    pool = suite.StarterPool(store, plan, (events if events is not None else []).append, plan.items(), gpus, cache)
+    work = suite._Work(plan.items(), pool)
+    taken = []
+    try:
+        while (item := work.next_item()) is not None:
+            _, (problem, _), entry = item
+            if entry is not None:
+                suite.keep_starter(store, entry["target_sha256"], entry)
+            taken.append((problem.key, entry))
+    finally:
+        pool.close()
+    return taken, pool
 
 
 @pytest.mark.parametrize("budget_gib, most_at_once", [(3, 1), (5, 2), (None, 4)])
@@ -121,7 +154,7 @@ def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypat
     running, most = set(), []
     lock = threading.Lock()
 
-    def fake_generate(spec, visible=None, give_up=None):
+    def fake_generate(self, spec):
         with lock:
             running.add(spec)
             most.append(len(running))
@@ -130,168 +163,264 @@ def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypat
             running.discard(spec)
         raise inductor.NoStarter("fake")
 
-    monkeypatch.setattr(inductor, "generate", fake_generate)
+    monkeypatch.setattr(WarmGenerator, "generate", fake_generate)
     monkeypatch.setattr(suite, "generation_memory", lambda gpu: None if budget_gib is None else budget_gib << 30)
     monkeypatch.setattr(suite, "generation_bytes", lambda problem: 2 << 30)
     store, plan = _four_sources(tmp_path)
     events = []
-    suite.prepare_starters(store, plan, events.append)
-    assert len(events) == 4 and all(e["error"] == "fake" for e in events)
+    taken, _ = _take_all(store, plan, events)
+    assert len(events) == 4 and all(e["error"] == "fake" and not e["cached"] for e in events)
+    assert [entry["error"] for _, entry in taken] == ["fake"] * 4
     assert max(most) == most_at_once
 
 
-def test_a_straggling_generation_is_left_for_later_and_generated_again_alone(tmp_path, monkeypatch):
-    """Three generations return at once; the fourth would run on. Once half the batch is done and the straggler has
-    taken STRAGGLER_AFTER_S, it is given up: not recorded as having no starter, returned for later; generated
-    again by itself, it is kept."""
+def test_a_generation_out_of_memory_beside_others_is_generated_again_alone(tmp_path, monkeypatch):
+    """Two at a time fit; 2_Op runs out of memory beside 1_Op, and is generated again with the GPU to itself; one
+    that runs out of memory alone too says so (in this suite's database only: not a fact of the problem)."""
     import threading
 
     from agent import suite
     from agent.kernels import inductor
 
-    calls = []
+    running, calls = set(), []
+    lock = threading.Lock()
 
-    def fake_generate(spec, visible=None, give_up=None):
-        calls.append(Path(spec).stem)
-        if Path(spec).stem == "4_Op" and len(calls) <= 4:   # stuck beside the others, until given up
-            assert give_up.wait(30), "the straggler was never given up"
-            raise inductor.GenerationStopped("generation given up (a straggler)")
-        return inductor.Generated(source="# kernel", defaults={}, tunables={}, notes="fake", kernels=[])
+    def fake_generate(self, spec):
+        name = Path(spec).stem
+        with lock:
+            running.add(name)
+            calls.append((name, sorted(running)))
+        time.sleep(0.2)
+        with lock:
+            beside = len(running) > 1
+            running.discard(name)
+        if name == "2_Op" and beside or name == "4_Op":
+            raise inductor.NoStarter("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return _starter()
 
-    monkeypatch.setattr(inductor, "generate", fake_generate)
-    monkeypatch.setattr(suite, "STRAGGLER_AFTER_S", 0.5)
-    store, plan = _four_sources(tmp_path)
-    events = []
-    began = time.monotonic()
-    later = suite.prepare_starters(store, plan, events.append)
-    assert time.monotonic() - began < 10
-    assert [problem.key for problem, _ in later] == ["4_Op"]
-    assert [e["problem"] for e in events if e["kind"] == "starter_later"] == ["4_Op"]
-    assert sorted(e["problem"] for e in events if e["kind"] == "starter") == ["1_Op", "2_Op", "3_Op"]
-    assert store.db.execute("select count(*), count(starter) from suite_starters").fetchone() == (3, 3)
-    assert suite.prepare_starters(store, plan, events.append, later) == []   # alone, it is never a straggler
-    assert calls.count("4_Op") == 2 and events[-1]["problem"] == "4_Op" and events[-1]["ok"]
-    assert store.db.execute("select count(*), count(starter) from suite_starters").fetchone() == (4, 4)
-
-
-def test_a_generation_that_waited_for_memory_is_no_straggler(tmp_path, monkeypatch):
-    """Two at a time fit the GPU's memory: the second pair starts when the first ends, past the straggler limit
-    counted from the batch's start; counted from their own start they are quick, and none is given up."""
-    from agent import suite
-    from agent.kernels import inductor
-
-    def fake_generate(spec, visible=None, give_up=None):
-        if give_up.wait(0.6 if Path(spec).stem in ("1_Op", "2_Op") else 0.3):
-            raise inductor.GenerationStopped("generation given up (a straggler)")
-        return inductor.Generated(source="# kernel", defaults={}, tunables={}, notes="fake", kernels=[])
-
-    monkeypatch.setattr(inductor, "generate", fake_generate)
-    monkeypatch.setattr(suite, "STRAGGLER_AFTER_S", 0.5)
-    monkeypatch.setattr(suite, "STRAGGLER_FACTOR", 0.1)
+    monkeypatch.setattr(WarmGenerator, "generate", fake_generate)
     monkeypatch.setattr(suite, "generation_memory", lambda gpu: 4 << 30)
     monkeypatch.setattr(suite, "generation_bytes", lambda problem: 2 << 30)
-    store, plan = _four_sources(tmp_path)
+    store, plan = _four_sources(tmp_path, jobs=2)
     events = []
-    assert suite.prepare_starters(store, plan, events.append) == []
-    assert sorted(e["problem"] for e in events if e["kind"] == "starter" and e["ok"]) == ["1_Op", "2_Op", "3_Op",
-                                                                                         "4_Op"]
+    taken = dict(_take_all(store, plan, events)[0])
+    assert [name for name, _ in calls].count("2_Op") == 2
+    assert [beside for name, beside in calls if name == "2_Op"][1] == ["2_Op"]   # the second time alone
+    assert "2_Op" in [e["problem"] for e in events if e["kind"] == "starter_later"]
+    assert taken["2_Op"]["starter"]["source"] == "# kernel" and "out of memory" in taken["4_Op"]["error"]
+    assert store.db.execute("select count(*), count(starter) from suite_starters").fetchone() == (4, 3)
 
 
-def test_a_lane_runs_the_problems_whose_starters_are_ready_first(tmp_path, monkeypatch):
-    """A chunk whose second problem's starter was left for later: the others run first, then its starter is
-    generated alone, then it runs; the order of the plan is kept otherwise."""
-    from agent import suite
-
-    for name in ("1_A", "2_B", "3_C"):
-        (tmp_path / "set").mkdir(exist_ok=True)
-        (tmp_path / "set" / f"{name}.py").write_text(MODULE)
-    plan = SuitePlan(discover([tmp_path / "set"]), jobs=3)
-    happened = []
-
-    def fake_prepare(store, plan, on_event, items=None, gpu=None):
-        happened.append(("generate", [p.key for p, _ in items]))
-        return [item for item in items if item[0].key == "2_B"] if len(items) > 1 else []
-
-    def fake_run(store, plan, problem, strategy, on_event, session, evaluator=None):
-        happened.append(("run", problem.key))
-        return {"status": "done", "reason": None, "run_id": None}
-
-    monkeypatch.setattr(suite, "prepare_starters", fake_prepare)
-    monkeypatch.setattr(suite, "_run_problem", fake_run)
-    store = open_db(tmp_path / "s.db")
-    suite.ensure_tables(store)
-    events = []
-    suite._lane(store, plan, events.append, suite._Work(plan.items(), plan.jobs), {}, session=object())
-    assert happened == [("generate", ["1_A", "2_B", "3_C"]), ("run", "1_A"), ("run", "3_C"),
-                        ("generate", ["2_B"]), ("run", "2_B")]
-    assert [e["index"] for e in events if e["kind"] == "problem"] == [0, 2, 1]
-
-
-def test_a_starter_another_version_of_the_generator_made_is_made_again(tmp_path, monkeypatch):
-    """Starters are a cache of the generator's output: after kloop's generator changes (or in a database from
-    before the generator was recorded), a resumed suite makes its unfinished problems' starters again."""
+def test_lanes_take_the_problems_whose_starters_are_ready_while_others_generate(tmp_path, monkeypatch):
+    """A problem whose starter the database kept (4_Op) is ready at once, generating nothing; 2_Op's starter is
+    slow: 1 and 3 are handed out as theirs arrive, 2 once its own does."""
     from agent import suite
     from agent.kernels import inductor
 
     made = []
 
-    def fake_generate(spec, visible=None, give_up=None):
+    def fake_generate(self, spec):
         made.append(Path(spec).stem)
-        return inductor.Generated(source="# kernel", defaults={}, tunables={}, notes="fake", kernels=[])
+        time.sleep(1.0 if Path(spec).stem == "2_Op" else 0.05)
+        return _starter()
 
-    monkeypatch.setattr(inductor, "generate", fake_generate)
+    monkeypatch.setattr(WarmGenerator, "generate", fake_generate)
+    store, plan = _four_sources(tmp_path, jobs=2)
+    suite.keep_starter(store, suite.source_sha256(plan.problems[3].path),
+                       {"starter": {"source": "# kept"}, "error": None, "seconds": 1.0})
+    taken, pool = _take_all(store, plan)
+    assert [key for key, _ in taken] == ["4_Op", "1_Op", "3_Op", "2_Op"]
+    assert taken[0][1] is None and sorted(made) == ["1_Op", "2_Op", "3_Op"]   # 4_Op's starter came from its database
+    assert (pool.hits, pool.misses) == (0, 3)
+
+
+def test_a_second_suite_takes_every_starter_from_the_cache(tmp_path, monkeypatch):
+    """Starters (and reasons there is none) are kept on disk per source, device, versions and generator: a suite in
+    another database generates none; a changed generator makes them again, and a transient failure is not kept."""
+    from agent import suite
+    from agent.kernels import inductor
+    from agent.kernels.starter_cache import StarterCache
+
+    made = []
+
+    def fake_generate(self, spec):
+        made.append(Path(spec).stem)
+        if Path(spec).stem == "3_Op":
+            raise inductor.NoStarter("Inductor's code for this reference makes a library call")
+        if Path(spec).stem == "4_Op" and made.count("4_Op") == 1:
+            raise inductor.NoStarter("torch.compile did not finish generating Triton within 300 s")
+        return _starter(f"# {Path(spec).stem}")
+
+    monkeypatch.setattr(WarmGenerator, "generate", fake_generate)
+    cache = StarterCache(tmp_path / "cache")
     store, plan = _four_sources(tmp_path)
-    suite.prepare_starters(store, plan, lambda event: None)
-    suite.prepare_starters(store, plan, lambda event: None)   # kept: nothing to make
-    assert sorted(made) == ["1_Op", "2_Op", "3_Op", "4_Op"]
+    first, pool = _take_all(store, plan, cache=cache)
+    assert (pool.hits, pool.misses) == (0, 4) and "did not finish" in dict(first)["4_Op"]["error"]
+
+    other = open_db(tmp_path / "other.db")
+    suite.ensure_tables(other)
+    events = []
+    second, pool = _take_all(other, plan, events, cache=cache)
+    assert (pool.hits, pool.misses) == (3, 1) and sorted(made) == ["1_Op", "2_Op", "3_Op", "4_Op", "4_Op"]
+    assert sorted(e["problem"] for e in events if e["cached"]) == ["1_Op", "2_Op", "3_Op"]
+    second = dict(second)
+    assert second["1_Op"]["starter"]["source"] == "# 1_Op" and second["3_Op"]["starter"] is None
+    assert "library call" in second["3_Op"]["error"] and second["4_Op"]["starter"]["source"] == "# 4_Op"
+    rows = {r["target_sha256"]: r for r in other.db[suite.STARTERS_TABLE].rows}
+    assert len(rows) == 4   # the run database has them all, as if generated there
+
     monkeypatch.setattr(suite, "generator_version", lambda: "another")
-    suite.prepare_starters(store, plan, lambda event: None)
-    assert len(made) == 8
-    assert {row["generator"] for row in store.db[suite.STARTERS_TABLE].rows} == {"another"}
-
-    store = open_db(tmp_path / "old.db")   # a starters table from before the generator column
-    store.db[suite.STARTERS_TABLE].insert({"target_sha256": "x", "device": "cpu-small", "torch": "2",
-                                           "starter": "{}", "error": None, "seconds": 1.0, "created_at": "then"},
-                                          pk=("target_sha256", "device", "torch"))
-    suite.ensure_tables(store)
-    assert store.db[suite.STARTERS_TABLE].columns_dict["generator"] is str
-    assert [row["generator"] for row in store.db[suite.STARTERS_TABLE].rows] == [None]
+    third = open_db(tmp_path / "third.db")
+    suite.ensure_tables(third)
+    _, pool = _take_all(third, plan, cache=cache)
+    assert (pool.hits, pool.misses) == (0, 4) and len(made) == 9
 
 
-def test_a_resumed_chunk_runs_the_problems_with_kept_starters_before_generating_the_rest(tmp_path, monkeypatch):
-    """An earlier call generated two of a chunk's three starters, then was stopped (KernelBench level 2's 23 hung on
-    the GPU and held its lane the whole next call, its seven batch-mates' starters kept): those two run first."""
-    import json
+def test_the_starter_cache_ignores_a_corrupt_entry_and_writes_atomically(tmp_path):
+    import threading
 
+    from agent.kernels.starter_cache import StarterCache, starter_key
+
+    cache = StarterCache(tmp_path / "cache")
+    key = starter_key("a" * 64, "sm_90", "2.11.0", "3.6.0", "gen")
+    entry = {"starter": {"source": "# kernel " + "x" * 100_000}, "error": None, "seconds": 41.0}
+    assert cache.get(key) is None
+    cache.put(key, entry)
+    assert cache.get(key) == entry
+    assert cache.get({**key, "device": "sm_100"}) is None and cache.get({**key, "triton": "3.9.0"}) is None
+    for broken in ("", '{"format": 1, "key"', json.dumps({"format": 1, "key": key, "starter": "no dict"}),
+                   json.dumps({"format": 1, "key": {**key, "torch": "x"}, "starter": entry["starter"]})):
+        cache.path(key).write_text(broken)
+        assert cache.get(key) is None
+    cache.put(key, entry)   # the next generation rewrites it
+    assert cache.get(key) == entry
+
+    seen, stop = [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            seen.append(cache.get(key))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=lambda: [cache.put(key, entry) for _ in range(30)]) for _ in range(4)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    reader.join()
+    assert seen and all(s == entry for s in seen)   # never a half-written entry
+    assert [p.name for p in cache.path(key).parent.iterdir()] == [cache.path(key).name]   # no temporary left
+
+
+def test_a_starter_cache_that_cannot_be_made_is_refused_in_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = cli("suite", PROBLEMS, "--policy", "offline", "--starter-cache", tmp_path / "file" / "cache",
+                 "--db", tmp_path / "s.db", "--out", tmp_path / "out")
+    assert result.exit_code == 2 and "--starter-cache" in result.output and "cannot make the folder" in result.output
+
+
+# -- lanes sharing GPUs ------------------------------------------------------------------------------------------
+class _Device:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Evaluation:
+    """What the pipeline drives, with a device stage of `seconds`; `ran` records the device of each."""
+
+    def __init__(self, ran, seconds=0.05):
+        from tools.result import EvalResult
+
+        self.result, self.ran, self.seconds, self.planner = EvalResult(language="triton"), ran, seconds, None
+
+    def plan(self):
+        pass
+
+    def bind(self, device):
+        self.device = device
+
+    def load(self):
+        time.sleep(self.seconds)
+
+    def verify(self):
+        self.result.verdict = "correct"
+
+    def profile(self):
+        self.ran.append(self.device.name)
+
+    def release_device(self):
+        pass
+
+    def close(self):
+        return self.result
+
+
+class _Session:
+    """A lane's evaluator: one fake GPU, candidates submitted to a real sandbox.pipeline.Pipeline."""
+
+    def __init__(self, name):
+        self.devices, self.planners, self._pipeline, self.closed = [_Device(name)], 4, None, False
+
+    def planning_memory(self):
+        return None
+
+    def submit(self, evaluation):
+        from sandbox.pipeline import Pipeline
+
+        if self._pipeline is None:
+            self._pipeline = Pipeline(self)
+        return self._pipeline.submit(evaluation)
+
+    def close(self):
+        self.closed = True
+        if self._pipeline is not None:
+            self._pipeline.close()
+
+
+def test_a_lane_with_nothing_left_lends_its_gpu_to_the_lanes_still_running(tmp_path, monkeypatch):
+    """Three lanes on three fake GPUs, four problems: 1 and 3 are short, 2 and 4 long. The lanes that run out of
+    problems lend their GPUs to the running lane with fewest: the long problems' later attempts run on every GPU,
+    the sessions are closed once, at the end."""
+    from agent import run as runs
     from agent import suite
 
-    for name in ("1_A", "2_B", "3_C"):
+    for name in ("1_Short", "2_Long", "3_Short", "4_Long"):
         (tmp_path / "set").mkdir(exist_ok=True)
-        (tmp_path / "set" / f"{name}.py").write_text(MODULE.replace("x + 1", f"x + {name[0]}"))
-    plan = SuitePlan(discover([tmp_path / "set"]), jobs=3)
-    store = open_db(tmp_path / "s.db")
-    suite.ensure_tables(store)
-    device, torch_version = suite.device_kind()
-    for problem in plan.problems:
-        if problem.key != "2_B":
-            store.db[suite.STARTERS_TABLE].insert({
-                "target_sha256": suite.source_sha256(problem.path), "device": device, "torch": torch_version,
-                "starter": json.dumps({"source": "# kernel"}), "error": None, "seconds": 1.0, "created_at": "now",
-                "generator": suite.generator_version()})
-    happened = []
+        (tmp_path / "set" / f"{name}.py").write_text(MODULE)
+    plan = SuitePlan(discover([tmp_path / "set"]), policy="openai", lanes=3)
+    sessions, ran = [], {}
 
-    def fake_prepare(store, plan, on_event, items=None, gpu=None):
-        happened.append(("generate", [p.key for p, _ in items]))
-        return []
+    def fake_session(settings):
+        sessions.append(_Session(f"gpu{len(sessions)}"))
+        return sessions[-1]
 
     def fake_run(store, plan, problem, strategy, on_event, session, evaluator=None):
-        happened.append(("run", problem.key))
-        return {"status": "done", "reason": None, "run_id": None}
+        on_event({"kind": "attempt"})
+        ran[problem.key] = []
+        if "Short" in problem.key:
+            for job in [session.submit(_Evaluation(ran[problem.key])) for _ in range(2)]:
+                job.profile()
+            return {"status": "done", "run_id": None}
+        deadline = time.monotonic() + 30
+        while len(session.devices) < 2:   # until a lane that ran out of problems lends its GPU
+            assert time.monotonic() < deadline, "no GPU was lent"
+            time.sleep(0.02)
+        for job in [session.submit(_Evaluation(ran[problem.key], 0.1)) for _ in range(12)]:
+            job.profile()
+        return {"status": "done", "run_id": None}
 
-    monkeypatch.setattr(suite, "prepare_starters", fake_prepare)
+    monkeypatch.setattr(runs, "evaluator_session", fake_session)
     monkeypatch.setattr(suite, "_run_problem", fake_run)
-    suite._lane(store, plan, lambda event: None, suite._Work(plan.items(), plan.jobs), {}, session=object())
-    assert happened == [("run", "1_A"), ("run", "3_C"), ("generate", ["2_B"]), ("run", "2_B")]
+    monkeypatch.setattr(suite, "tally", lambda store, rows: {})
+    monkeypatch.setattr(suite, "rows_of", lambda store, plan: [])
+    store = open_db(tmp_path / "s.db")
+    suite.run_suite(store, plan, lambda event: None)
+    # spread over the lent GPUs: the first idle lane's to one long problem, then both others' to the one left
+    assert sorted(len(set(ran[key])) for key in ("2_Long", "4_Long")) == [2, 3], ran
+    assert all(len(set(ran[key])) == 1 for key in ("1_Short", "3_Short"))       # before any was lent: their own
+    assert all(s.closed for s in sessions)
 
 
 # -- the report's numbers ------------------------------------------------------------------------------------------
@@ -496,7 +625,8 @@ def test_a_suite_on_cpu_survives_kill_9_and_ctrl_c_and_skips_a_broken_problem(tm
     code, output = _stop(second, signal.SIGINT)
     assert code == 130, output[-3000:]
     assert "suite stopped; the same command continues it" in output and (out / "report.md").exists()
-    # starters come two problems (--jobs 2) at a time, just before those run: the first call's two were kept
+    # the starters of the problems the first call ran were kept in its database: only the others come (generated,
+    # or from the starter cache where the first call's pool had made them)
     generated = [line.split()[2] for line in output.splitlines() if line.startswith("starter ")]
     assert generated and set(generated) <= {"level1/3_RMS_Norm:", "level1/4_Broken_reference:"}, generated
     middle = {r["problem"]: r for r in _rows(db)}
@@ -595,7 +725,9 @@ def test_lanes_never_time_side_by_side_on_one_gpu(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_lanes_on_two_gpus_run_each_problem_on_a_gpu_of_its_own(tmp_path):
+def test_lanes_on_two_gpus_run_problems_side_by_side_and_share_the_idle_gpu(tmp_path):
+    """Two problems on two GPUs: a lane each (or, where one's starter came late, one after the other on one lane
+    while the other lane lends its GPU); both GPUs evaluate, every attempt names the GPU that timed it."""
     import torch
 
     if torch.cuda.device_count() < 2:
@@ -603,14 +735,34 @@ def test_lanes_on_two_gpus_run_each_problem_on_a_gpu_of_its_own(tmp_path):
     shutil.copytree(PROBLEMS, tmp_path / "problems")
     db = tmp_path / "suite.db"
     done = subprocess.run([sys.executable, "-m", "agent.cli", "suite", str(tmp_path / "problems"), "--policy",
-                           "offline", "--max-attempts", "2", "--jobs", "1", "--gpus", "0,1", "--problems", "1_*,2_*",
+                           "offline", "--max-attempts", "4", "--jobs", "2", "--gpus", "0,1", "--problems", "1_*,2_*",
                            "--db", str(db), "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     store = open_db(db, create=False, readonly=True)
-    gpus = []
+    used = set()
     for run in store.list_runs():
-        used = {(a.gpu or {}).get("index") for a in store.attempts(run["id"])}
-        assert len(used) == 1, used   # one lane, one GPU: its timings compared on that GPU alone
-        gpus += used
-    assert sorted(gpus) == [0, 1]
+        attempts = store.attempts(run["id"])
+        assert all(a.verdict == "correct" for a in attempts), [a.reasons for a in attempts]
+        used |= {(a.gpu or {}).get("index") for a in attempts}
+    assert used == {0, 1}
+
+
+def test_the_progress_says_which_starters_came_from_the_cache(monkeypatch):
+    import io
+
+    from agent import cmd_suite
+    from agent.output import Output
+
+    out = io.StringIO()
+    monkeypatch.setattr(cmd_suite, "console", Output(file=out))
+    view = cmd_suite.SuiteView(type("Plan", (), {"max_attempts": 4}))
+    view({"kind": "starters", "hits": 3, "misses": 1, "cache": "/c"})
+    view({"kind": "starter", "problem": "level1/1_op", "done": 1, "total": 4, "ok": True, "cached": True,
+          "error": None, "seconds": 41.0})
+    view({"kind": "starter", "problem": "level1/2_op", "done": 2, "total": 4, "ok": False, "cached": False,
+          "error": "a library call", "seconds": 9.0})
+    assert out.getvalue().splitlines() == ["starters: 3 from the cache, 1 to generate (/c)",
+                                           "starter 1/4 level1/1_op: starter from the cache",
+                                           "starter 2/4 level1/2_op: no starter: a library call"]
+    assert view.starters["hits"] == 3
