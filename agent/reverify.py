@@ -3,7 +3,7 @@
 The logged target source (not whatever the target file says today) is what gets evaluated, so a re-verification
 checks the same problem the run solved. The new run has parent_run_id = the old run, parent_kind 'reverify', and keeps the old
 attempt numbers, so old and new attempts pair up by number. The database read is opened read-only: the new run goes
-into `out_db` (which may be the same file only when the caller says so: kloop replay --in-place).
+into `out_db` (which may be the same file only when the caller says so: kloop reverify --in-place).
 
     >>> outcome = reverify("a1b2c3d4", "results/bench-h200-part1.db", "best", out_db="runs/kloop.db")
     >>> outcome.disagreements
