@@ -182,7 +182,7 @@ def compare(results: list[dict]) -> list[dict]:
     return rows
 
 
-def best_so_far(results: list[dict], attempts: int, timed: bool) -> list[float | None]:
+def curve_by_attempt(results: list[dict], attempts: int, timed: bool) -> list[float | None]:
     """Per attempt number k = 1..attempts over the finished problems: timed, the geomean of each problem's best so
     far, the highest verified speedup over eager up to attempt k or the PyTorch reference's 1.0x where that is
     higher (so the curve never falls); untimed, the fraction of problems with a verified attempt by k."""
@@ -352,7 +352,7 @@ def strategy_figure(results: list[dict], timed: bool):
     left, right = fig.subplots(1, 2, width_ratios=[3, 2])
     for i, strategy in enumerate(strategies):   # line styles and markers differ, so equal curves stay visible
         own = [r for r in results if r["strategy"] == strategy]
-        curve = best_so_far(own, budget, timed)
+        curve = curve_by_attempt(own, budget, timed)
         if curve:
             left.plot(range(1, len(curve) + 1), curve, marker="osD^"[i % 4], markersize=7 - 1.5 * (i % 4),
                       linestyle=("-", "--", ":", "-.")[i % 4], label=strategy)
