@@ -391,7 +391,10 @@ def prepare_starters(store: Store, plan: SuitePlan, on_event: Callable[[dict], N
     ran out of memory beside others, and stragglers. A straggler, once at least half the batch is done, has run
     longer than STRAGGLER_AFTER_S and STRAGGLER_FACTOR times their median (counted from when it got its memory): it
     is killed, so that one slow or stuck generation (KernelBench level 2's 23 never came back beside seven others)
-    does not hold up the problems whose starters are ready."""
+    does not hold up the problems whose starters are ready.
+
+    Over 80 lines: its two closures (one generation, and keeping its result) share the batch's memory gate, give-up
+    events and start times with the loop that waits on them."""
     items = plan.items() if items is None else items
     todo: dict[str, Problem] = {}
     for problem, strategy in items:
