@@ -19,8 +19,8 @@ PRUNE_TRIALS = 2   # main-shape trials timed before pruning (the faster counts: 
 
 
 class Checks(Stage):
-    _last_check: dict
-    _last_run: dict
+    _last_check: dict   # the referee's reply to the last comparison (or why its family was skipped)
+    _last_run: dict     # the executor's reply to the last trial's replay (its time, for pruning)
 
     def verify(self) -> EvalResult:
         if self.result.verdict is not None:

@@ -28,7 +28,7 @@ STATE_SLACK_BYTES = 64 << 20
 
 
 class Planning(Stage):
-    _sass: tuple[threading.Thread, dict[str, str]] | None
+    _sass: tuple[threading.Thread, dict[str, str]] | None   # disassembling while the device works
 
     def plan(self) -> EvalResult:
         with self._stage("plan"):
