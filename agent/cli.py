@@ -76,7 +76,7 @@ def _version(value: bool) -> None:
 
 # Commands that start evaluator sessions: before one starts, what killed kloop processes left in the scratch root
 # (/dev/shm: plans, and weights on a GPU) is removed (agent.run.clean_scratch).
-STARTS_SESSIONS = {"eval", "optimize", "resume", "replay", "bench", "suite", "serve"}
+STARTS_SESSIONS = {"eval", "optimize", "resume", "reverify", "replay", "bench", "suite", "serve"}
 
 
 @app.callback()
@@ -96,7 +96,9 @@ app.command("runs")(cmd_loop.runs_command)
 app.command("show")(cmd_loop.show_command)
 app.command("diff")(cmd_loop.diff_command)
 app.command("export")(cmd_data.export_command)
-app.command("replay")(cmd_data.reverify_command)  # re-verify logged attempts
+app.command("reverify")(cmd_data.reverify_command)  # re-verify logged attempts
+# its old name, hidden, for one release: "replay" is the policy that re-drives a run from recorded answers
+app.command("replay", hidden=True)(cmd_data.reverify_command)
 app.command("report")(cmd_data.report_command)
 app.command("view")(cmd_view.view_command)
 app.command("bench")(cmd_bench.bench_command)

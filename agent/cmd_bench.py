@@ -25,7 +25,7 @@ def bench_command(
     minutes_per_target: float = typer.Option(5.0, help="Active time budget of each target's loop, in minutes (fractions allowed)."),
     max_attempts: Optional[int] = typer.Option(None, min=1, help="Also stop each target's loop after this many attempts."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the results as JSON here (e.g. results/bench-h200.json); '-': print only the JSON on stdout (the rest goes to stderr)."),
-    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database for the bench's runs (re-verify them with `kloop replay`)."),
+    db: Path = typer.Option(DEFAULT_DB, "--db", help="Run database for the bench's runs (re-verify them with `kloop reverify`)."),
     gpus: Optional[str] = typer.Option(None, help="all, or GPU indices (0,1,...): one executor and referee per GPU (default: this process's GPU)."),
     ray: Optional[str] = typer.Option(None, help="auto, or a Ray cluster address: evaluate on the cluster's GPUs (pip install -e '.\\[ray]')."),
     planners: Optional[int] = typer.Option(None, min=1, help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
@@ -119,7 +119,7 @@ def run_bench(store, names: list[str], minutes_per_target: float, max_attempts: 
                   "attempts_per_minute: attempts over the loop's wall time (the evaluator, started once before the "
                   "first target, not included); overhead_beyond_compile_s: per evaluation, its busy time less the "
                   "planner's compile and the kernel's own time",
-                  f"re-verify a target's run: kloop replay RUN_ID --db {store.path} (targets[].run_id)"],
+                  f"re-verify a target's run: kloop reverify RUN_ID --db {store.path} (targets[].run_id)"],
     }
 
 

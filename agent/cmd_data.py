@@ -1,4 +1,4 @@
-"""`kloop export`, `kloop replay`, `kloop report`: what researchers do with run databases after the runs."""
+"""`kloop export`, `kloop reverify`, `kloop report`: what researchers do with run databases after the runs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -59,7 +59,8 @@ def reverify_command(
     in_place: bool = typer.Option(False, "--in-place", help="write the new run into --db itself"),
 ) -> None:
     """Re-verify and re-time a run's attempts on this machine; store them as a new linked run and compare. The
-    database read is never written to unless --in-place (or --out-db names it)."""
+    database read is never written to unless --in-place (or --out-db names it). Formerly `kloop replay`: that name
+    still works for one release (replay is now only the policy that re-drives a run from its recorded answers)."""
     from agent.output import make_console
     from agent.reverify import ReverifyError, comparison_table, reverify
 

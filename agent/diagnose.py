@@ -62,6 +62,23 @@ def diagnose(result: EvalResult) -> tuple[str, dict]:
     if facts["throttled"]:
         lines.append(f"the GPU throttled during timing ({', '.join(nvml.get('reasons') or [])}): timings are noisy")
 
+    lines += _counter_lines(result, facts)
+
+    if result.speedup_over("eager") is not None:
+        lines.append(f"speedup {result.speedup_over('eager'):.2f}x over eager, "
+                     f"{result.speedup_over('compile') or 0:.2f}x over compile")
+    if result.vs_best:
+        lines.append(f"re-timed against the best so far: {result.vs_best.ratio:.3f}x "
+                     f"(95% CI {result.vs_best.ci_low:.3f}-{result.vs_best.ci_high:.3f}): {result.vs_best.outcome}")
+    if result.timing_note:
+        lines.append(result.timing_note)
+    return "\n".join(lines), facts
+
+
+def _counter_lines(result: EvalResult, facts: dict) -> list[str]:
+    """What Nsight Compute's counters say (one line per kernel), and where a compute-bound kernel's time goes; the
+    facts they give join `facts`."""
+    lines: list[str] = []
     for kernel, counters in (result.ncu or {}).items():
         # stall values are warps stalled per issued instruction (a ratio); the others are percentages
         top = sorted(counters.stalls.items(), key=lambda kv: (-(kv[1] or 0), kv[0]))[:2]
@@ -92,16 +109,7 @@ def diagnose(result: EvalResult) -> tuple[str, dict]:
         else:
             lines.append(f"compute-bound below {COMPUTE_SOL_GOAL:.0%} of peak: bigger tiles, deeper pipelining, "
                          "warp specialization")
-
-    if result.speedup_over("eager") is not None:
-        lines.append(f"speedup {result.speedup_over('eager'):.2f}x over eager, "
-                     f"{result.speedup_over('compile') or 0:.2f}x over compile")
-    if result.vs_best:
-        lines.append(f"re-timed against the best so far: {result.vs_best.ratio:.3f}x "
-                     f"(95% CI {result.vs_best.ci_low:.3f}-{result.vs_best.ci_high:.3f}): {result.vs_best.outcome}")
-    if result.timing_note:
-        lines.append(result.timing_note)
-    return "\n".join(lines), facts
+    return lines
 
 
 def _pct(value, scale: float = 1.0) -> str:

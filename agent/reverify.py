@@ -3,7 +3,7 @@
 The logged target source (not whatever the target file says today) is what gets evaluated, so a re-verification
 checks the same problem the run solved. The new run has parent_run_id = the old run, parent_kind 'reverify', and keeps the old
 attempt numbers, so old and new attempts pair up by number. The database read is opened read-only: the new run goes
-into `out_db` (which may be the same file only when the caller says so: kloop replay --in-place).
+into `out_db` (which may be the same file only when the caller says so: kloop reverify --in-place).
 
     >>> outcome = reverify("a1b2c3d4", "runs/bench-h200-part1.db", "best", out_db="runs/kloop.db")
     >>> outcome.disagreements
@@ -86,7 +86,7 @@ def _target_from_source(run: dict, directory: Path):
     from tools.target import TargetError, load_target
 
     if not run.get("target_source"):
-        raise ReverifyError(f"run {run['id']} has no stored target source to replay against")
+        raise ReverifyError(f"run {run['id']} has no stored target source to re-verify against")
     path = directory / f"{run.get('target_name') or 'target'}.py"
     path.write_text(run["target_source"])
     try:
@@ -134,7 +134,7 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
         gpu = gpu_facts()   # this machine's, written when the new run is made (as agent.run does for a loop run)
         chosen = select_attempts(source, run, which)
         if not chosen:
-            raise ReverifyError(f"run {run_id} has no {'' if which == 'all' else which + ' '}attempt to replay")
+            raise ReverifyError(f"run {run_id} has no {'' if which == 'all' else which + ' '}attempt to re-verify")
         with tempfile.TemporaryDirectory(prefix="kloop-reverify-") as tmp, Session(spares=1, settings=settings) as session:
             target = _target_from_source(run, Path(tmp))
             new_run_id = store.create_run(
@@ -158,7 +158,7 @@ def reverify(run_id: str, db_path: str | os.PathLike, which: str = "best", setti
                     on_attempt(row)
             except BaseException as e:
                 store.update_run(new_run_id, status="stopped" if isinstance(e, KeyboardInterrupt) else "failed",
-                                 notes=f"replay of {run_id} interrupted: {type(e).__name__}: {e}")
+                                 notes=f"reverify of {run_id} interrupted: {type(e).__name__}: {e}")
                 raise
         # The re-verified run's best is the old best's counterpart, if it still holds up.
         old_best = source.best_attempt(run_id)

@@ -287,7 +287,7 @@ def load_plan(path: Path) -> Plan:
         raw = json.loads(read_untrusted(path, MAX_PLAN_JSON))
     except (ValueError, RecursionError) as e:
         raise PlanError(f"the plan is not valid JSON ({str(e)[:80]})") from None
-    return _Checker(path.parent).plan(raw)
+    return _PlanReader(path.parent).plan(raw)
 
 
 def _blob_name(value) -> str:
@@ -296,7 +296,10 @@ def _blob_name(value) -> str:
     return value
 
 
-class _Checker:
+class _PlanReader:
+    """load_plan's reader: the plan's JSON checked field by field as hostile input, the files it names looked up in
+    `directory`."""
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.blob_bytes = 0

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from sandbox.evaluate import NO_GPU_NOTE, _speedups
+from sandbox.evaluate import NO_GPU_NOTE
+from sandbox.stages.profiling import _speedups
 from tools import profile
 from tools.result import Correctness, Counters, EvalResult, Resources, Roofline, Timing
 

@@ -1,5 +1,5 @@
 """What a new user meets at the command line: one-line errors, refused empty budgets, nothing created on refusal,
-full-width output when piped, attempts that say what they tried, resume that extends, replay that leaves its source
+full-width output when piped, attempts that say what they tried, resume that extends, reverify that leaves its source
 alone (issue 13, "Stumbles")."""
 from __future__ import annotations
 
@@ -295,15 +295,15 @@ def test_resume_refuses_budgets_already_spent(tmp_path):
     assert done.exit_code == 0 and f"--max-attempts N" in done.output and "already finished" in done.output
 
 
-# -- replay never writes into the database it reads -----------------------------------------------------------------
+# -- reverify never writes into the database it reads ---------------------------------------------------------------
 @pytest.mark.slow   # one real evaluation of a logged H200 kernel under the interpreter: about 10 s on 2 CPU cores
-def test_replay_of_a_committed_database_leaves_it_untouched(tmp_path):
+def test_reverify_of_a_committed_database_leaves_it_untouched(tmp_path):
     source = tmp_path / "bench.db"
     with lzma.open(REPO / "results" / "bench-h200-part1.db.xz") as packed, open(source, "wb") as unpacked:
         shutil.copyfileobj(packed, unpacked)
     before = source.read_bytes()
     out_db = tmp_path / "runs" / "kloop.db"
-    done = cli("replay", "68b1dff4", "--db", source, "--out-db", out_db)
+    done = cli("reverify", "68b1dff4", "--db", source, "--out-db", out_db)
     assert done.exit_code == 0, done.output
     wal = Path(f"{source}-wal")   # a read-only reader of a WAL database may leave an empty -wal, never a write
     assert source.read_bytes() == before and (not wal.exists() or wal.stat().st_size == 0)
@@ -477,7 +477,15 @@ def test_progress_line_names_the_pick_and_the_time_left():
     assert shorten("a bb ccc dddd", 9) == "a bb..." and shorten("abcdefghijkl", 6) == "abc..."
 
 
-COMMANDS = ["eval", "targets", "optimize", "resume", "runs", "show", "diff", "export", "replay", "report", "bench",
+def test_replay_is_reverify_s_hidden_old_name_for_one_release(tmp_path):
+    listed = cli("-h", env={"COLUMNS": "80"}).output
+    assert "│ reverify " in listed and "│ replay " not in listed
+    assert "Formerly `kloop replay`" in cli("reverify", "-h").output
+    missing = tmp_path / "none.db"
+    assert one_line_error(cli("replay", "abc", "--db", missing)) == one_line_error(cli("reverify", "abc", "--db", missing))
+
+
+COMMANDS = ["eval", "targets", "optimize", "resume", "runs", "show", "diff", "export", "reverify", "report", "bench",
             "suite", "serve", "memory list"]
 
 

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from sandbox import jail
-from sandbox.evaluate import EvalSettings, Session, evaluate, paired_ratio
+from sandbox.evaluate import EvalSettings, Session, evaluate
+from sandbox.stages.timing import paired_ratio
 from tools import rules
 from tools.inputs import FAMILIES
 from tools.result import VERDICTS

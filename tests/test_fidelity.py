@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sandbox import evaluate as evaluate_module
 from sandbox.evaluate import EvalSettings, Session, evaluate
+from sandbox.stages import planning as planning_stage
 from tools.result import CHECKS_VERSION
 from tools.target import load_target
 from tools.verify import NORM_FLOOR
@@ -74,7 +74,7 @@ def test_module_state_is_restored_before_every_call(session):
 
 
 def test_module_state_larger_than_the_references_is_refused(session, monkeypatch):
-    monkeypatch.setattr(evaluate_module, "STATE_SLACK_BYTES", 1 << 20)   # the 4 MiB ballast, against a 1 MiB slack
+    monkeypatch.setattr(planning_stage, "STATE_SLACK_BYTES", 1 << 20)   # the 4 MiB ballast, against a 1 MiB slack
     r = judge("tiny_add", "large_state", session)
     assert r.verdict == "rejected" and "module state" in r.reasons[0] and "allocate workspaces" in r.reasons[0]
     assert judge("tiny_add", "honest_add", session).verdict == "correct"

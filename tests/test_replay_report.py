@@ -1,4 +1,4 @@
-"""kloop report and kloop replay over databases built through the store API."""
+"""kloop report and kloop reverify over databases built through the store API."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,7 +20,7 @@ from tools.records.store import Attempt, open_db
 def cli() -> typer.Typer:
     app = typer.Typer()
     app.command("report")(cmd_data.report_command)
-    app.command("replay")(cmd_data.reverify_command)
+    app.command("reverify")(cmd_data.reverify_command)
     return app
 
 
@@ -195,7 +195,7 @@ HERE = Path(__file__).parent
 
 
 @pytest.mark.slow   # two real evaluations in sandboxed workers: about 12 s on 2 CPU cores
-def test_replay_reverifies_on_cpu_and_flags_disagreements(tmp_path):
+def test_reverify_on_cpu_flags_disagreements(tmp_path):
     """A run logged on a GPU: attempt 1 honest, attempt 2 logged correct but subtracting. Re-verified here
     (interpreter), attempt 2 is caught and flagged; the new run is linked and keeps the numbering."""
     honest = (HERE / "candidates" / "honest_add.py").read_text()
@@ -208,8 +208,8 @@ def test_replay_reverifies_on_cpu_and_flags_disagreements(tmp_path):
     store.close()
     logged = db.read_bytes()
 
-    out_db = tmp_path / "replays.db"
-    result = CliRunner().invoke(cli(), ["replay", run_id, "--db", str(db), "--attempts", "all", "--out-db", str(out_db)],
+    out_db = tmp_path / "reverified.db"
+    result = CliRunner().invoke(cli(), ["reverify", run_id, "--db", str(db), "--attempts", "all", "--out-db", str(out_db)],
                                 env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert "not timed (no GPU)" in result.output and "verdict correct -> incorrect" in result.output
@@ -225,7 +225,7 @@ def test_replay_reverifies_on_cpu_and_flags_disagreements(tmp_path):
     store.close()
 
 
-def test_replay_compare_time_tolerance():
+def test_reverify_compare_time_tolerance():
     def attempt(**row):
         return Attempt.from_row({"id": 1, "run_id": "r", "number": 1, **row})
 
@@ -241,17 +241,17 @@ def test_replay_compare_time_tolerance():
     assert compare(old, attempt(verdict="correct", time_us=timing(14.0)), same_gpu=False) == []
 
 
-def test_replay_bad_input_is_one_line(tmp_path):
+def test_reverify_bad_input_is_one_line(tmp_path):
     db = tmp_path / "kloop.db"
     db_with_run(db, timed=True)
     for args in (["nosuchid"], [db_with_run(db, timed=True), "--attempts", "newest"]):
-        result = CliRunner().invoke(cli(), ["replay", *args, "--db", str(db)])
+        result = CliRunner().invoke(cli(), ["reverify", *args, "--db", str(db)])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
         assert result.output.startswith("error:")
 
 
 @pytest.mark.gpu
-def test_replay_times_on_gpu(tmp_path):
+def test_reverify_times_on_gpu(tmp_path):
     """On a GPU the re-verified attempt carries real timings and speedups, and the table shows them."""
     from rich.console import Console
 

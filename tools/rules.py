@@ -598,7 +598,7 @@ def _local_names(params: list[ast.arg], body: list[ast.AST]) -> set[str]:
     return names - declared
 
 
-class _Checker(ast.NodeVisitor):
+class _CandidateChecker(ast.NodeVisitor):
     """The rules on a whole candidate; its kernels go to _Kernel with what the module defines."""
 
     def __init__(self, tree: ast.Module) -> None:
@@ -1097,7 +1097,7 @@ def check_source(source: str) -> list[str]:
     """Reasons this source breaks the rules (empty when it may run), in line order. A syntax error is raised for the
     caller to report."""
     tree = ast.parse(source)
-    checker = _Checker(tree)
+    checker = _CandidateChecker(tree)
     checker.visit(tree)
     reasons = [text for _, text in sorted(checker.reasons, key=lambda reason: reason[0])]
     if not checker.has_model_new:

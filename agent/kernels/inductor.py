@@ -909,23 +909,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     helpers = helper_sources(used)
     if interpreter and "welford" in helpers:
         helpers["welford"] = INTERPRETER_WELFORD
-    tunables, defaults, choices = {}, {}, []
-    if convolves:
-        conv_defaults = inductor_conv.INTERPRETER_DEFAULTS if interpreter else inductor_conv.DEFAULTS
-        tunables.update({name: _with_default(values, conv_defaults[name])
-                         for name, values in inductor_conv.TUNABLES.items()})
-        defaults.update(conv_defaults)
     searched = range(len(index), len(kernels)) if main is not None else range(len(kernels))
-    for i, k in enumerate(kernels):
-        t, d = kernel_tunables(i, k, interpreter)
-        defaults.update(d)
-        if i in searched:  # with a main path, the dynamic kernels (other shapes: never timed) keep Inductor's first
-            tunables.update(t)
-            choices.append(kernel_choices(i, k, d))
-    if convolves:
-        choices.append(_distinct([dict(conv_defaults)] + inductor_conv.CONFIGS))
-    if interpreter:  # nothing is timed under the interpreter
-        choices = []
+    tunables, defaults, choices = _tunables(kernels, searched, convolves, interpreter)
     parts = [PRELUDE]
     parts.append("\n".join(f"{name} = {value!r}" for name, value in defaults.items()) + "\n")
     parts += [f"\n@triton.jit\n{src.split(chr(10), 1)[1]}" for src in helpers.values()]
@@ -958,16 +943,46 @@ class ModelNew(Model):
         return {result}
 ''')
     source = "\n".join(p.rstrip("\n") + "\n" for p in parts)
+    notes = _notes(kernels, len(index) if main is not None else None, convolves)
+    return Generated(source, tunables, defaults, notes, [k.name for k in kernels], choices)
+
+
+def _tunables(kernels: list[Kernel], searched: range, convolves: bool, interpreter: bool) -> tuple[dict, dict, list]:
+    """The candidate's tunables (those of the kernels in `searched`, and the convolution's), every constant's
+    default, and the configurations a search starts from (none under the interpreter)."""
+    from agent.kernels import inductor_conv
+
+    tunables, defaults, choices = {}, {}, []
+    if convolves:
+        conv_defaults = inductor_conv.INTERPRETER_DEFAULTS if interpreter else inductor_conv.DEFAULTS
+        tunables.update({name: _with_default(values, conv_defaults[name])
+                         for name, values in inductor_conv.TUNABLES.items()})
+        defaults.update(conv_defaults)
+    for i, k in enumerate(kernels):
+        t, d = kernel_tunables(i, k, interpreter)
+        defaults.update(d)
+        if i in searched:  # with a main path, the dynamic kernels (other shapes: never timed) keep Inductor's first
+            tunables.update(t)
+            choices.append(kernel_choices(i, k, d))
+    if convolves:
+        choices.append(_distinct([dict(conv_defaults)] + inductor_conv.CONFIGS))
+    if interpreter:  # nothing is timed under the interpreter
+        choices = []
+    return tunables, defaults, choices
+
+
+def _notes(kernels: list[Kernel], main_from: int | None, convolves: bool) -> str:
+    """What the starter is, for the policy. main_from: the first of the main shape's kernels (None: no main path)."""
     names = ", ".join(k.name for k in kernels)
     notes = (f"torch.compile (Inductor) Triton for the reference: {len(kernels)} kernel(s) ({names}), made "
              "standalone; its block sizes, warps and stages are tunables")
-    if main is not None:
-        notes += (f"; the main shape runs the kernels Inductor compiled for its sizes (K{len(index)} on, the "
+    if main_from is not None:
+        notes += (f"; the main shape runs the kernels Inductor compiled for its sizes (K{main_from} on, the "
                   "tunables), any other shape those compiled for dynamic sizes (Inductor's first configuration)")
     if convolves:
         notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time; "
                   "a depthwise one _conv_depthwise_kernel while CONV_DIRECT), tuned by the CONV_* constants")
-    return Generated(source, tunables, defaults, notes, [k.name for k in kernels], choices)
+    return notes
 
 
 def _call_expression(sources: list[str], function: str) -> str:

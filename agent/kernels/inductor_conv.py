@@ -153,6 +153,9 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
                  HAS_BIAS: tl.constexpr, TRANSPOSED: tl.constexpr, PHASED: tl.constexpr, USE_DOT: tl.constexpr,
                  IEEE: tl.constexpr, LARGE: tl.constexpr, TAPS_OUTER: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One BLOCK_M x BLOCK_N tile of a convolution's output as an implicit GEMM (rows: output positions, columns:
+    output channels). Over 80 lines: one Triton program, whose row and column setup (int32 or int64 index math, the
+    stride phase) feeds both loop orders below; each step's multiply-accumulate is already _conv_accumulate's."""
     # Index math is int32 unless LARGE (an offset of 2**31 or more in x, w or y): per row and per (row, k) element,
     # int64 math (its divisions above all) takes the registers that the tiles need.
     # PHASED (transposed): grid z is (group, stride phase); a program's rows are output positions o with (o + P) % S

@@ -136,6 +136,32 @@ def compile_triton_starter(source: str, init_inputs: list, inputs: list, special
         raise ValueError(f"ModelNew.forward must call self.launch once, called it {len(launches)} times")
     _, args, constexprs = launches[0]
 
+    signature, constants, attrs, ones, divisible = _launch_signature(kernel, args, constexprs, specialize)
+    num_warps = int(getattr(module, "NUM_WARPS", 4))
+    num_stages = int(getattr(module, "NUM_STAGES", 3))
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    ptx_version = _ptx_version(arch, max_ptx_version)
+    if ptx_version is not None:
+        options["ptx_version"] = ptx_version
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                              options=options)
+    ptx, entry = compiled.asm["ptx"], compiled.metadata.name
+    for scratch in ("global_scratch_size", "profile_scratch_size"):
+        if getattr(compiled.metadata, scratch, 0):  # the PTX candidate passes NULL for Triton's scratch pointers
+            raise ValueError(f"{entry} needs Triton {scratch.replace('_', ' ')} {getattr(compiled.metadata, scratch)}"
+                             " bytes, which a PTX candidate does not allocate")
+    if not specialize:
+        ptx = re.sub(r"\b" + re.escape(entry) + r"\b", entry + GENERIC_SUFFIX, ptx)
+        entry += GENERIC_SUFFIX
+    return TritonPtx(ptx, entry, num_warps, num_stages, int(compiled.metadata.shared), dict(constexprs), ones,
+                     divisible, specialize)
+
+
+def _launch_signature(kernel, args: list, constexprs: dict, specialize: bool) -> tuple[dict, dict, dict, list, list]:
+    """Triton's signature, constants and attributes for this launch (see compile_triton_starter's `specialize`), with
+    the positions of the runtime arguments that became the constant 1 and of those marked divisible by 16."""
+    import torch
+
     runtime_names = [p.name for p in kernel.params if not p.is_constexpr]
     if len(runtime_names) != len(args):
         raise ValueError(f"{kernel.__name__} takes {len(runtime_names)} runtime arguments, launch passed {len(args)}")
@@ -166,24 +192,7 @@ def compile_triton_starter(source: str, init_inputs: list, inputs: list, special
             signature[param.name] = "fp32"
         else:
             raise ValueError(f"argument {param.name} has unsupported type {type(value).__name__}")
-    num_warps = int(getattr(module, "NUM_WARPS", 4))
-    num_stages = int(getattr(module, "NUM_STAGES", 3))
-    options = {"num_warps": num_warps, "num_stages": num_stages}
-    ptx_version = _ptx_version(arch, max_ptx_version)
-    if ptx_version is not None:
-        options["ptx_version"] = ptx_version
-    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
-                              options=options)
-    ptx, entry = compiled.asm["ptx"], compiled.metadata.name
-    for scratch in ("global_scratch_size", "profile_scratch_size"):
-        if getattr(compiled.metadata, scratch, 0):  # the PTX candidate passes NULL for Triton's scratch pointers
-            raise ValueError(f"{entry} needs Triton {scratch.replace('_', ' ')} {getattr(compiled.metadata, scratch)}"
-                             " bytes, which a PTX candidate does not allocate")
-    if not specialize:
-        ptx = re.sub(r"\b" + re.escape(entry) + r"\b", entry + GENERIC_SUFFIX, ptx)
-        entry += GENERIC_SUFFIX
-    return TritonPtx(ptx, entry, num_warps, num_stages, int(compiled.metadata.shared), dict(constexprs), ones,
-                     divisible, specialize)
+    return signature, constants, attrs, ones, divisible
 
 
 def compile_for_target(source: str, target: str, small: bool = False, timeout_s: float = 300) -> list[TritonPtx]:

@@ -155,7 +155,6 @@ def roofline_figure(attempts: list[Attempt], gpu_name: str | None, target_name: 
     (a pure copy or add counted as traffic) a roofline has no x position: achieved bandwidth per attempt instead,
     under the memory roof, titled as what it is. None when no attempt was timed (there is nothing to draw)."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     timed = [(a, a.roofline or Roofline(), a.median_us) for a in attempts if a.timed]
     if not timed:
@@ -167,65 +166,10 @@ def roofline_figure(attempts: list[Attempt], gpu_name: str | None, target_name: 
     on = f" on {gpu_name}" if gpu_name else ""
     fig = Figure(figsize=(8.5, 6), layout="constrained")
     ax = fig.subplots()
-    correct = lambda a: a.verdict == "correct"  # noqa: E731
     if with_flops:
-        # FLOP/us * 1e-6 = TFLOP/s
-        points = [(r.flops / r.bytes, r.flops / t / 1e6, a) for a, r, t in with_flops]
-        unit, scale = _flops_unit(tflops, [p[1] for p in points])
-        ax.set_title(f"{name}: roofline{on}")
-        ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
-        ax.set_ylabel(f"achieved {unit}")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        xs_points = [p[0] for p in points]
-        lo, hi = min(xs_points) / 30, max(xs_points) * 30
-        if gbps and tflops:
-            ridge = tflops * 1e3 / gbps                                   # FLOP/byte where the roofs meet
-            lo, hi = min(lo, ridge / 30), max(hi, ridge * 30)
-            xs = [lo, ridge, hi]
-            ax.plot(xs, [min(gbps * x / 1e3, tflops) * scale for x in xs], color="dimgray", linewidth=2,
-                    label=f"roofs: memory {gbps:,.0f} GB/s, compute {tflops * scale:,.0f} {unit}")
-            ax.axvline(ridge, color="lightgray", linestyle=":", linewidth=1)
-            ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, tflops * scale), textcoords="offset points",
-                        xytext=(6, -14), fontsize="small", color="dimgray")
-        ax.set_xlim(lo, hi)
-        good = [p for p in points if correct(p[2])]
-        bad = [p for p in points if not correct(p[2])]
-        if good:
-            ax.scatter([p[0] for p in good], [p[1] * scale for p in good], color=VERDICT_COLORS["correct"],
-                       alpha=0.6, zorder=3, label="correct attempt")
-        if bad:
-            ax.scatter([p[0] for p in bad], [p[1] * scale for p in bad], marker="x", color="tab:red", zorder=3,
-                       label="not correct (timed)")
-        if good:
-            x, y, best = max(good, key=lambda p: p[1])
-            roof = min(gbps * x / 1e3, tflops) if gbps and tflops else None
-            share = f", {y / roof:.0%} of the roof" if roof else ""
-            ax.scatter([x], [y * scale], marker="*", s=220, color="gold", edgecolor="black", zorder=4,
-                       label=f"best: #{best.number}, {y * scale:.3g} {unit}{share}")
-        _plain_log_axis(ax.xaxis)
-        _plain_log_axis(ax.yaxis)
-        fig.legend(fontsize="small", loc="outside lower center", ncols=2)   # below the axes: covers no point
+        _roofline_axes(fig, ax, with_flops, gbps, tflops, f"{name}: roofline{on}")
     elif with_bytes:
-        points = [(a.number, r.bytes / t / 1e3, a) for a, r, t in with_bytes]
-        ax.set_title(f"{name}: achieved memory bandwidth per attempt{on}\n(no FLOPs counted, so no roofline: "
-                     "bytes moved / kernel time)", fontsize="medium")
-        ax.set_xlabel("attempt")
-        ax.set_ylabel("achieved GB/s")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_formatter(_plain_formatter())
-        good = [p for p in points if correct(p[2])]
-        bad = [p for p in points if not correct(p[2])]
-        if good:
-            ax.scatter([p[0] for p in good], [p[1] for p in good], color=VERDICT_COLORS["correct"], zorder=3,
-                       label="correct attempt")
-        if bad:
-            ax.scatter([p[0] for p in bad], [p[1] for p in bad], marker="x", color="tab:red", zorder=3,
-                       label="not correct (timed)")
-        if gbps:
-            ax.axhline(gbps, color="dimgray", linewidth=2, label=f"memory roof: {gbps:,.0f} GB/s")
-        ax.set_ylim(0, max([p[1] for p in points] + [gbps or 0]) * 1.1)
-        fig.legend(fontsize="small", loc="outside lower center", ncols=3)
+        _bandwidth_axes(fig, ax, with_bytes, gbps, f"{name}: achieved memory bandwidth per attempt{on}")
     else:
         fig.text(0.5, 0.5, "no byte or FLOP counts were logged for these attempts, so there is no roofline",
                  ha="center", va="center")
@@ -233,6 +177,77 @@ def roofline_figure(attempts: list[Attempt], gpu_name: str | None, target_name: 
         return fig
     ax.grid(alpha=0.3, which="major")
     return fig
+
+
+def _roofline_axes(fig, ax, timed: list[tuple[Attempt, Roofline, float]], gbps: float | None, tflops: float | None,
+                   title: str) -> None:
+    """The roofline proper: (attempt, roofline counts, median us) of attempts with FLOPs and bytes counted."""
+    # FLOP/us * 1e-6 = TFLOP/s
+    points = [(r.flops / r.bytes, r.flops / t / 1e6, a) for a, r, t in timed]
+    unit, scale = _flops_unit(tflops, [p[1] for p in points])
+    ax.set_title(title)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel(f"achieved {unit}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    xs_points = [p[0] for p in points]
+    lo, hi = min(xs_points) / 30, max(xs_points) * 30
+    if gbps and tflops:
+        ridge = tflops * 1e3 / gbps                                   # FLOP/byte where the roofs meet
+        lo, hi = min(lo, ridge / 30), max(hi, ridge * 30)
+        xs = [lo, ridge, hi]
+        ax.plot(xs, [min(gbps * x / 1e3, tflops) * scale for x in xs], color="dimgray", linewidth=2,
+                label=f"roofs: memory {gbps:,.0f} GB/s, compute {tflops * scale:,.0f} {unit}")
+        ax.axvline(ridge, color="lightgray", linestyle=":", linewidth=1)
+        ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, tflops * scale), textcoords="offset points",
+                    xytext=(6, -14), fontsize="small", color="dimgray")
+    ax.set_xlim(lo, hi)
+    good = [p for p in points if _correct(p[2])]
+    bad = [p for p in points if not _correct(p[2])]
+    if good:
+        ax.scatter([p[0] for p in good], [p[1] * scale for p in good], color=VERDICT_COLORS["correct"],
+                   alpha=0.6, zorder=3, label="correct attempt")
+    if bad:
+        ax.scatter([p[0] for p in bad], [p[1] * scale for p in bad], marker="x", color="tab:red", zorder=3,
+                   label="not correct (timed)")
+    if good:
+        x, y, best = max(good, key=lambda p: p[1])
+        roof = min(gbps * x / 1e3, tflops) if gbps and tflops else None
+        share = f", {y / roof:.0%} of the roof" if roof else ""
+        ax.scatter([x], [y * scale], marker="*", s=220, color="gold", edgecolor="black", zorder=4,
+                   label=f"best: #{best.number}, {y * scale:.3g} {unit}{share}")
+    _plain_log_axis(ax.xaxis)
+    _plain_log_axis(ax.yaxis)
+    fig.legend(fontsize="small", loc="outside lower center", ncols=2)   # below the axes: covers no point
+
+
+def _bandwidth_axes(fig, ax, timed: list[tuple[Attempt, Roofline, float]], gbps: float | None, title: str) -> None:
+    """Achieved bandwidth per attempt, under the memory roof, for attempts with bytes but no FLOPs counted."""
+    from matplotlib.ticker import MaxNLocator
+
+    points = [(a.number, r.bytes / t / 1e3, a) for a, r, t in timed]
+    ax.set_title(f"{title}\n(no FLOPs counted, so no roofline: bytes moved / kernel time)",
+                 fontsize="medium")
+    ax.set_xlabel("attempt")
+    ax.set_ylabel("achieved GB/s")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_formatter(_plain_formatter())
+    good = [p for p in points if _correct(p[2])]
+    bad = [p for p in points if not _correct(p[2])]
+    if good:
+        ax.scatter([p[0] for p in good], [p[1] for p in good], color=VERDICT_COLORS["correct"], zorder=3,
+                   label="correct attempt")
+    if bad:
+        ax.scatter([p[0] for p in bad], [p[1] for p in bad], marker="x", color="tab:red", zorder=3,
+                   label="not correct (timed)")
+    if gbps:
+        ax.axhline(gbps, color="dimgray", linewidth=2, label=f"memory roof: {gbps:,.0f} GB/s")
+    ax.set_ylim(0, max([p[1] for p in points] + [gbps or 0]) * 1.1)
+    fig.legend(fontsize="small", loc="outside lower center", ncols=3)
+
+
+def _correct(attempt: Attempt) -> bool:
+    return attempt.verdict == "correct"
 
 
 # -- markdown --------------------------------------------------------------------------------------------------------

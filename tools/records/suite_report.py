@@ -178,7 +178,7 @@ def compare(results: list[dict]) -> list[dict]:
     return rows
 
 
-def best_so_far(results: list[dict], attempts: int, timed: bool) -> list[float | None]:
+def curve_by_attempt(results: list[dict], attempts: int, timed: bool) -> list[float | None]:
     """Per attempt number k = 1..attempts over the finished problems: timed, the geomean of each problem's best so
     far, the highest verified speedup over eager up to attempt k or the PyTorch reference's 1.0x where that is
     higher (so the curve never falls); untimed, the fraction of problems with a verified attempt by k."""
@@ -348,7 +348,7 @@ def strategy_figure(results: list[dict], timed: bool):
     left, right = fig.subplots(1, 2, width_ratios=[3, 2])
     for i, strategy in enumerate(strategies):   # line styles and markers differ, so equal curves stay visible
         own = [r for r in results if r["strategy"] == strategy]
-        curve = best_so_far(own, budget, timed)
+        curve = curve_by_attempt(own, budget, timed)
         if curve:
             left.plot(range(1, len(curve) + 1), curve, marker="osD^"[i % 4], markersize=7 - 1.5 * (i % 4),
                       linestyle=("-", "--", ":", "-.")[i % 4], label=strategy)
@@ -412,29 +412,7 @@ def report_markdown(summaries: dict[str, dict], results: list[dict], context: di
         lines += ["**The problems ran on more than one kind of GPU** (a suite resumed on another machine). Each "
                   "speedup is against baselines timed beside the kernel on its own GPU; problems.csv's `gpu` column "
                   "names it. The times in microseconds compare only within one GPU.", ""]
-    for strategy, own in summaries.items():
-        finished, n = own["finished"], own["problems"]
-        lines += [f"## Numbers{f': strategy {strategy}' if several else ''}", "",
-                  f"{finished} of {n} problems finished"
-                  + (f" ({n - finished} not reached or stopped mid-run: left out of every number below)"
-                     if finished < n else "") + ".", "", markdown_table(
-            ["", "vs eager", "vs torch.compile"],
-            [["correct (fast_0)", f"{own['verified']}/{finished} ({_percent(own['correctness_rate'])})", ""]]
-            + [[f"fast_{_p(p)}", _fast(own, "eager", p, finished), _fast(own, "compile", p, finished)]
-               for p in P_VALUES[1:]]
-            + [["geomean speedup, verified kernels only",
-                _num(own["geomean"]["eager"]["verified_only"], "{:.2f}x"),
-                _num(own["geomean"]["compile"]["verified_only"], "{:.2f}x")],
-               ["geomean speedup, all problems (no verified kernel = 1.0x)",
-                _num(own["geomean"]["eager"]["all_problems_fallback_1x"], "{:.2f}x"),
-                _num(own["geomean"]["compile"]["all_problems_fallback_1x"], "{:.2f}x")]]), ""]
-    lines += ["How the numbers are defined (KernelBench's): a problem is correct when its run has a verified best "
-              "kernel (trusted evaluator, main shape and hidden variants); fast_p counts the problems whose kernel "
-              "is correct **and** more than p times faster than the baseline, divided by all finished problems "
-              "(skipped and failed ones included, as not correct). The first geomean is over the problems with a "
-              "verified, timed kernel only (the same problems for both baselines); the second is over all finished "
-              "problems, where a problem without a verified kernel counts as 1.0x (its PyTorch reference is kept) "
-              "and a verified kernel counts at its measured speedup, also when below 1.", ""]
+    lines += _numbers_sections(summaries, several)
     sol = summary["sol_fraction"]
     if sol["count"]:
         q = sol["quartiles"]
@@ -464,6 +442,42 @@ def report_markdown(summaries: dict[str, dict], results: list[dict], context: di
               _num(r["median_attempts_to_98"], "{:g}"), r["attempts"], _num(r["cost_usd"], "{:.2f}"),
               _num(r["seconds"], "{:.0f}")] for r in comparison]), ""]
     lines += [f"![{Path(image).stem}]({image})" for image in images] + [""]
+    lines += _problem_sections(results, timed)
+    return "\n".join(lines)
+
+
+def _numbers_sections(summaries: dict[str, dict], several: bool) -> list[str]:
+    """Each strategy's correctness, fast_p and geomeans, then how they are defined."""
+    lines = []
+    for strategy, own in summaries.items():
+        finished, n = own["finished"], own["problems"]
+        lines += [f"## Numbers{f': strategy {strategy}' if several else ''}", "",
+                  f"{finished} of {n} problems finished"
+                  + (f" ({n - finished} not reached or stopped mid-run: left out of every number below)"
+                     if finished < n else "") + ".", "", markdown_table(
+            ["", "vs eager", "vs torch.compile"],
+            [["correct (fast_0)", f"{own['verified']}/{finished} ({_percent(own['correctness_rate'])})", ""]]
+            + [[f"fast_{_p(p)}", _fast(own, "eager", p, finished), _fast(own, "compile", p, finished)]
+               for p in P_VALUES[1:]]
+            + [["geomean speedup, verified kernels only",
+                _num(own["geomean"]["eager"]["verified_only"], "{:.2f}x"),
+                _num(own["geomean"]["compile"]["verified_only"], "{:.2f}x")],
+               ["geomean speedup, all problems (no verified kernel = 1.0x)",
+                _num(own["geomean"]["eager"]["all_problems_fallback_1x"], "{:.2f}x"),
+                _num(own["geomean"]["compile"]["all_problems_fallback_1x"], "{:.2f}x")]]), ""]
+    lines += ["How the numbers are defined (KernelBench's): a problem is correct when its run has a verified best "
+              "kernel (trusted evaluator, main shape and hidden variants); fast_p counts the problems whose kernel "
+              "is correct **and** more than p times faster than the baseline, divided by all finished problems "
+              "(skipped and failed ones included, as not correct). The first geomean is over the problems with a "
+              "verified, timed kernel only (the same problems for both baselines); the second is over all finished "
+              "problems, where a problem without a verified kernel counts as 1.0x (its PyTorch reference is kept) "
+              "and a verified kernel counts at its measured speedup, also when below 1.", ""]
+    return lines
+
+
+def _problem_sections(results: list[dict], timed: bool) -> list[str]:
+    """The problems below torch.compile, those without a verified kernel, the skipped and failed, then every one."""
+    lines = []
     below = [r for r in results if r["speedup_compile"] is not None and r["speedup_compile"] < 1]
     if below:
         lines += ["## Below torch.compile", "", "Verified kernels slower than torch.compile, with the starter they "
@@ -489,7 +503,7 @@ def report_markdown(summaries: dict[str, dict], results: list[dict], context: di
           r["language"], r["template"], _num(r["speedup_eager"]), _num(r["speedup_compile"]),
           _percent(r["sol_fraction"]), r["attempts"], r["attempts_to_98"], _num(r["seconds"], "{:.0f}"),
           _num(r["cost_usd"], "{:.3f}")] for r in results]), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def _fast(summary: dict, baseline: str, p: float, finished: int) -> str:
