@@ -99,8 +99,40 @@ def _th_welford(mean, m2, weight, dim):
 '''
 
 
+# Why a target has no starter, by class: the first pattern its reason matches (checked in order).
+FAILURE_CLASSES = (
+    ("timeout", r"did not finish generating"),
+    ("generator_crash", r"^generating Inductor's Triton failed|^generation given up"),
+    ("reference_fails", r"^the reference (fails|returns)"),
+    ("graph_break", r"graphs \(graph breaks\)|graph input the generator cannot rebuild"),
+    ("library_call", r"a library call"),
+    ("pytorch_fallback", r"a PyTorch fallback"),
+    ("no_template", r"no Triton template"),
+    ("recurrent", r"recurrent layer"),
+    ("kernel_kind", r"kernel|launch grid|constexpr|triton_helpers|allocates with|launches"),
+    ("compile_error", r"^torch\.compile could not generate"),
+    ("rule", r"^the generated candidate"),
+    ("no_kernel", r"generated no Triton kernel"),
+)
+
+
+def failure_class(reason: str) -> str:
+    """The short class name of a NoStarter reason (FAILURE_CLASSES; `other` where none matches)."""
+    return next((name for name, pattern in FAILURE_CLASSES if re.search(pattern, reason)), "other")
+
+
 class NoStarter(Exception):
-    """No standalone starter for this target; the message is one line that says why."""
+    """No standalone starter for this target; the message is one line that says why, led by its class
+    (`graph_break: torch.compile splits ...`), as the suite report lists it. A reason that already leads with a
+    class (a child's reply) keeps it."""
+
+    def __init__(self, reason: str, kind: str | None = None):
+        led = re.match(r"(\w+): (.*)$", reason, re.S)
+        if kind is None and led and led.group(1) in dict(FAILURE_CLASSES) | {"other": ""}:
+            kind, reason = led.groups()
+        self.reason = reason
+        self.kind = kind or failure_class(reason)
+        super().__init__(f"{self.kind}: {reason}")
 
 
 class GenerationStopped(NoStarter):
@@ -229,8 +261,10 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.graph import GraphLowering
 
-    from agent.kernels import inductor_conv  # registers kloop::convolution
+    from agent.kernels import inductor_conv, inductor_rnn  # register kloop::convolution, kloop::recurrent
 
+    if (reason := inductor_rnn.unsupported(model)) is not None:
+        raise NoStarter(reason)
     _configure(any(getattr(t, "is_cuda", False) for t in inputs) or torch.cuda.is_available())
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     weights = [p.detach() for p in model.parameters()] + [b.detach() for b in model.buffers()]
@@ -265,8 +299,9 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
 
     torch._dynamo.reset()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
+    torch._dynamo.config.allow_rnn = True  # Dynamo breaks the graph at a recurrent module, here kloop::recurrent
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
-            _traceable_ops():
+            inductor_rnn.traced_as_one_op(), _traceable_ops():
         torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
     if len(graphs) != 1 or len(codes) != 1:
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
@@ -695,6 +730,12 @@ _ALLOCATORS = {"empty_strided_cuda", "empty_strided_cpu", "empty_strided_xpu", "
 _TENSOR_METHODS = {"zero_", "fill_", "size", "stride", "storage_offset", "dim"}
 # The convolutions traced as kloop::convolution (agent/kernels/inductor_conv.py), computed by its Triton kernel.
 CONV_OP, CONV_LAUNCHER = "torch.ops.kloop.convolution.default", "_conv"
+# Each call of Inductor's wrapper that kloop's own Triton computes, and the candidate's launcher for it: the ops
+# traced as one (a convolution, a recurrent layer: agent/kernels/inductor_rnn.py) and the library calls Inductor
+# still makes (cuDNN, cuBLAS: kloop's GEMM, agent/kernels/inductor_gemm.py).
+OWN_LAUNCHERS = {CONV_OP: CONV_LAUNCHER, "extern_kernels.convolution": CONV_LAUNCHER,
+                 "torch.ops.kloop.recurrent.default": "_recurrent", "extern_kernels.mm": "_mm",
+                 "extern_kernels.addmm": "_addmm", "extern_kernels.bmm": "_bmm", "extern_kernels.baddbmm": "_baddbmm"}
 
 
 class _CallTranslator(ast.NodeTransformer):
@@ -745,8 +786,8 @@ class _CallTranslator(ast.NodeTransformer):
                                               [ast.Name("device", ast.Load()), *node.args], []), node)
         if func == "reinterpret_tensor":
             node.func = ast.Name("_reinterpret_tensor", ast.Load())
-        if func == CONV_OP:
-            node.func = ast.Name(CONV_LAUNCHER, ast.Load())
+        if func in OWN_LAUNCHERS:
+            node.func = ast.Name(OWN_LAUNCHERS[func], ast.Load())
         return node
 
 
@@ -764,7 +805,7 @@ def translate_call(wrapper: str, kernels: dict[str, int], function: str = "_indu
     definition = ast.parse(f"def {function}(args, device):\n    pass\n").body[0]
     definition.body = body.body or definition.body
     source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[definition], type_ignores=[]))) + "\n"
-    allowed = {"_empty_strided", "_reinterpret_tensor", CONV_LAUNCHER, "len", "max", "min", "abs", "int"} | \
+    allowed = {"_empty_strided", "_reinterpret_tensor", "len", "max", "min", "abs", "int"} | set(OWN_LAUNCHERS.values()) | \
         {f"_launch_{i}" for i in kernels.values()}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
@@ -894,7 +935,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
         call += "\n\n" + translate_call(main_wrapper, main_index, "_inductor_call_main")
         texts.update(main_texts)
     convolves = re.search(rf"\b{CONV_LAUNCHER}\(", call) is not None
-    if not texts and not convolves:
+    own = own_parts(call)
+    if not texts and not convolves and not own:
         raise NoStarter("Inductor generated no Triton kernel for this reference (its code only allocates, views "
                         "or returns its inputs)")
     kernels = [parse_kernel(name, text) for name, text in texts.items()]
@@ -915,6 +957,10 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
         tunables.update({name: _with_default(values, conv_defaults[name])
                          for name, values in inductor_conv.TUNABLES.items()})
         defaults.update(conv_defaults)
+    for part in own:
+        part_defaults = part.INTERPRETER_DEFAULTS if interpreter else part.DEFAULTS
+        tunables.update({name: _with_default(values, part_defaults[name]) for name, values in part.TUNABLES.items()})
+        defaults.update(part_defaults)
     searched = range(len(index), len(kernels)) if main is not None else range(len(kernels))
     for i, k in enumerate(kernels):
         t, d = kernel_tunables(i, k, interpreter)
@@ -924,6 +970,7 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
             choices.append(kernel_choices(i, k, d))
     if convolves:
         choices.append(_distinct([dict(conv_defaults)] + inductor_conv.CONFIGS))
+    choices += [_distinct([dict(part.DEFAULTS)] + part.CONFIGS) for part in own]
     if interpreter:  # nothing is timed under the interpreter
         choices = []
     parts = [PRELUDE]
@@ -933,6 +980,7 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     parts += ["\n" + launcher(i, k) for i, k in enumerate(kernels)]
     if convolves:
         parts.append("\n" + inductor_conv.candidate_source())
+    parts += ["\n" + part.candidate_source() for part in own]
     body = _call_expression(sources, "_inductor_call")
     if main is not None:
         body = (f"if _layout(flat) == _MAIN_LAYOUT:  # the shape the main kernels were compiled for\n"
@@ -967,7 +1015,19 @@ class ModelNew(Model):
     if convolves:
         notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time; "
                   "a depthwise one _conv_depthwise_kernel while CONV_DIRECT), tuned by the CONV_* constants")
+    notes += "".join(f"; {part.NOTE}" for part in own)
     return Generated(source, tunables, defaults, notes, [k.name for k in kernels], choices)
+
+
+def own_parts(call: str) -> list:
+    """kloop's own kernel modules that a translated call launches besides the convolution, in the order a candidate
+    holds them: the GEMM (a library call's launcher, or a recurrent layer's input projections), the recurrent
+    layers."""
+    from agent.kernels import inductor_gemm, inductor_rnn
+
+    recurrent = re.search(r"\b_recurrent\(", call) is not None
+    gemm = recurrent or re.search(r"\b_(mm|addmm|bmm|baddbmm)\(", call) is not None
+    return [part for part, used in ((inductor_gemm, gemm), (inductor_rnn, recurrent)) if used]
 
 
 def _call_expression(sources: list[str], function: str) -> str:
