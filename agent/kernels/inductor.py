@@ -248,6 +248,8 @@ def _configure(cuda: bool) -> None:
     inductor_config.cpu_backend = "triton"
     if not cuda and hasattr(inductor_config, "deterministic"):
         inductor_config.deterministic = True
+    if not cuda:  # timing a template with its epilogue fused: Inductor's CPU benchmark module does not import
+        inductor_config.benchmark_epilogue_fusion = False
 
 
 def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
@@ -270,6 +272,7 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
     weights = [p.detach() for p in model.parameters()] + [b.detach() for b in model.buffers()]
     codes: list[str] = []
     graphs: list[list[str]] = []
+    calls: list[tuple[int, tuple, object]] = []   # (graph, its inputs, its outputs) in the order the forward ran
 
     def codegen_only(self):  # the wrapper's source; the graph itself is not compiled (no Triton driver needed)
         wrapper, _kernels = self.codegen_with_cpp_wrapper() if self.cpp_wrapper else self.codegen()
@@ -292,21 +295,129 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
         with mock.patch.object(torch_triton, "triton_hash_with_backend", lambda: "0" * 64), \
                 mock.patch.object(GraphLowering, "compile_to_module", codegen_only):
             compile_fx(gm, example_inputs)
-        return gm.forward
+        graph = len(graphs) - 1
+
+        def run(*args):  # the graph as the forward calls it: its inputs and outputs, to glue graphs by
+            outs = gm.forward(*args)
+            calls.append((graph, args, outs))
+            return outs
+        return run
 
     def flat(*args):
         return torch.func.functional_call(model, dict(zip(names, args[:len(names)])), tuple(args[len(names):]))
 
     torch._dynamo.reset()
+    breaks = torch._dynamo.utils.counters["graph_break"]
+    breaks.clear()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
     torch._dynamo.config.allow_rnn = True  # Dynamo breaks the graph at a recurrent module, here kloop::recurrent
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
             inductor_rnn.traced_as_one_op(), _traceable_ops():
-        torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
+        result = torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
+    data_dependent = [reason for reason in breaks if _DATA_DEPENDENT.search(reason)]
+    if data_dependent:  # a value read from a tensor's data would be a constant of the next graph
+        raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs where it reads a tensor's data "
+                        f"({' '.join(data_dependent[0].split())[:120]}), which no plan can replay")
+    if len(graphs) > 1 and len(codes) == len(graphs):
+        return glue_graphs(codes, graphs, calls, weights + list(inputs), result)
     if len(graphs) != 1 or len(codes) != 1:
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
                         "starter needs one")
     return codes[0], graphs[0]
+
+
+# Dynamo's reasons for a graph break where the forward reads a tensor's data on the host
+_DATA_DEPENDENT = re.compile(r"item\(\)|tolist|[Dd]ata.dependent|numpy|jump", re.I)
+_SIZE_SOURCE = re.compile(r"^(?P<base>.+)\.(?:size\(\)\[(?P<size>\d+)\]|stride\(\)\[(?P<stride>\d+)\]|"
+                          r"(?P<offset>storage_offset)\(\))$")
+
+
+def glue_graphs(codes: list[str], graphs: list[list[str]], calls: list, flat: list, result) -> tuple[str, list[str]]:
+    """One wrapper, as Inductor would write it, for a reference that torch.compile splits into several graphs, and
+    its graph inputs (the whole of `flat`): each graph's kernels (renamed `<kernel>_g<graph>`), and a `call` that runs
+    the graphs' own calls in the order the forward ran them, each taking what the forward passed it: a tensor of
+    `flat` or an earlier graph's output (known by identity from the reference's run), a size or stride of one of
+    its tensors. NoStarter where the forward passes a graph anything else (a tensor PyTorch computed between the
+    graphs, a Python int of its own): nothing a plan could replay."""
+    import torch
+
+    known = {id(v): f"args[{i}]" for i, v in enumerate(flat) if isinstance(v, torch.Tensor)}
+    definitions, body = [], []
+    renamed = [_kernels_renamed(code, f"_g{graph}") for graph, code in enumerate(codes)]
+    for graph, code in enumerate(renamed):
+        definitions += [ast.unparse(node) for node in ast.parse(code).body if _is_kernel_definition(node)]
+    for n, (graph, args, outs) in enumerate(calls):
+        sources = graphs[graph]
+        expressions = {}
+        for j, (source, value) in enumerate(zip(sources, args)):
+            if isinstance(value, torch.Tensor):
+                if id(value) not in known:
+                    raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks), "
+                                    f"and graph {graph} takes a tensor ({source}) that PyTorch computes between them")
+                expressions[j] = known[id(value)]
+        for j, (source, value) in enumerate(zip(sources, args)):
+            if j in expressions:
+                continue
+            m = _SIZE_SOURCE.match(source)
+            base = next((expressions[i] for i, s in enumerate(sources) if m and s == m["base"] and i in expressions),
+                        None)
+            if base is None:
+                raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks), and "
+                                f"graph {graph} takes {source} ({type(value).__name__}), which no graph or input "
+                                "gives")
+            expressions[j] = (f"{base}.shape[{m['size']}]" if m["size"] else
+                              f"{base}.stride({m['stride']})" if m["stride"] else f"{base}.storage_offset()")
+        body += [f"args_c{n} = [{', '.join(expressions[j] for j in range(len(sources)))}]",
+                 *_inlined_call(renamed[graph], f"_c{n}", f"out{n}")]
+        for k, out in enumerate(outs if isinstance(outs, (tuple, list)) else [outs]):
+            if isinstance(out, torch.Tensor):
+                known.setdefault(id(out), f"out{n}[{k}]")
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    missing = [i for i, r in enumerate(results) if not isinstance(r, torch.Tensor) or id(r) not in known]
+    if missing:
+        raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks), and output "
+                        f"{missing[0]} is computed by PyTorch between them")
+    lines = "\n    ".join(body + [f"return ({''.join(known[id(r)] + ', ' for r in results)})"])
+    wrapper = "\n".join(definitions) + f"\n\n\ndef call(args):\n    {lines}\n"
+    return wrapper, [f"L['args'][{i}]" for i in range(len(flat))]
+
+
+def _is_kernel_definition(node) -> bool:
+    return isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+        ast.unparse(node.value.func) == "async_compile.triton"
+
+
+def _kernels_renamed(wrapper: str, suffix: str) -> str:
+    """Inductor's wrapper with each of its Triton kernels named `<name><suffix>`."""
+    for name in _kernel_texts(wrapper):
+        wrapper = re.sub(rf"\b{re.escape(name)}\b", f"{name}{suffix}", wrapper)
+    return wrapper
+
+
+def _inlined_call(wrapper: str, suffix: str, result: str) -> list[str]:
+    """The statements of Inductor's `call(args)` with each of its local names suffixed (its argument list is
+    `args<suffix>`), `args.clear()` dropped, and its return an assignment to `result`."""
+    call = next(node for node in ast.walk(ast.parse(wrapper)) if isinstance(node, ast.FunctionDef) and
+                node.name == "call")
+    local = {a.arg for a in call.args.args} | {n.id for n in ast.walk(call) if isinstance(n, ast.Name) and
+                                               isinstance(n.ctx, ast.Store)}
+
+    class Renamer(ast.NodeTransformer):
+        def visit_Name(self, node):
+            if node.id in local:
+                node.id += suffix
+            return node
+
+    statements = []
+    for stmt in call.body:
+        if isinstance(stmt, ast.Expr) and ast.unparse(stmt.value) == "args.clear()":
+            continue
+        if isinstance(stmt, ast.Return):
+            stmt = ast.Assign([ast.Name(result, ast.Store())], stmt.value or ast.Constant(None))
+        elif any(isinstance(n, ast.Return) for n in ast.walk(stmt)):
+            raise NoStarter("Inductor's wrapper returns from inside a block, which the generator cannot glue")
+        statements.append(ast.unparse(ast.fix_missing_locations(Renamer().visit(stmt))))
+    return [line for stmt in statements for line in stmt.split("\n")]
 
 
 _MATMULS = {"matmul", "mm", "__matmul__"}
