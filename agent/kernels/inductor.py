@@ -30,11 +30,15 @@ construction stay constants (Dynamo specializes them). The candidate holds:
   kernels' tunables are the searched ones; the dynamic kernels serve every other shape at Inductor's first
   configuration.
 
-Matmuls become Triton only through Inductor's templates: generation runs with max-autotune for GEMMs restricted to
-the TRITON backend (on a GPU this benchmarks the template configurations, as torch.compile's max-autotune does).
-Where Inductor still calls a library (extern_kernels.mm, an aten fallback), splits the reference into several
-graphs or makes a kernel kind the translation does not launch, there is no standalone starter: `NoStarter` says
-which, in one line.
+Matmuls become Triton through Inductor's templates: generation runs with max-autotune for GEMMs restricted to
+the TRITON backend (on a GPU this benchmarks the template configurations, as torch.compile's max-autotune does);
+where Inductor still calls cuBLAS (extern mm, addmm, bmm, baddbmm) or cuDNN, the call becomes kloop's own Triton
+GEMM (agent/kernels/inductor_gemm.py) or convolution (OWN_LAUNCHERS). Recurrent layers (nn.LSTM, nn.GRU, nn.RNN), of
+which Dynamo makes no graph, are traced as one op each and computed by kloop's Triton recurrence
+(agent/kernels/inductor_rnn.py). A reference that Dynamo splits into several graphs gets each graph's kernels, glued
+into one wrapper in the order its forward ran them (glue_graphs). Where Inductor calls another library or an aten
+fallback, a value between graphs is PyTorch's own, or Inductor makes a kernel kind the translation does not launch,
+there is no standalone starter: `NoStarter` says why in one line, led by its class (FAILURE_CLASSES).
 
 On a CUDA machine this is Inductor's CUDA Triton codegen. Without a GPU, Inductor's Triton backend for CPU
 (`cpu_backend = "triton"`) generates the same kind of kernels, which kloop runs under TRITON_INTERPRET=1; only the
