@@ -449,7 +449,8 @@ def test_a_no_starter_reason_leads_with_its_class_and_keeps_it_through_a_child_r
 def _cpu_module(source: str) -> dict:
     """A starter's module as the evaluator's CPU executor runs it (libdevice's CPU stand-in)."""
     namespace = {}
-    cpu_source = source.replace("from triton.language.extra import libdevice", "import sandbox.libdevice_cpu as libdevice")
+    cpu_source = source.replace("from triton.language.extra import libdevice",
+                                "import sandbox.libdevice_cpu as libdevice")
     exec(compile(cpu_source, "starter", "exec"), namespace)
     return namespace
 

@@ -315,7 +315,7 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
     breaks = torch._dynamo.utils.counters["graph_break"]
     breaks.clear()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
-    torch._dynamo.config.allow_rnn = True  # Dynamo breaks the graph at a recurrent module, here kloop::recurrent
+    torch._dynamo.config.allow_rnn = True  # else Dynamo breaks the graph at a recurrent module (kloop::recurrent here)
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
             inductor_rnn.traced_as_one_op(), _traceable_ops():
         result = torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
@@ -921,8 +921,8 @@ def translate_call(wrapper: str, kernels: dict[str, int], function: str = "_indu
     definition = ast.parse(f"def {function}(args, device):\n    pass\n").body[0]
     definition.body = body.body or definition.body
     source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[definition], type_ignores=[]))) + "\n"
-    allowed = {"_empty_strided", "_reinterpret_tensor", "len", "max", "min", "abs", "int"} | set(OWN_LAUNCHERS.values()) | \
-        {f"_launch_{i}" for i in kernels.values()}
+    allowed = {"_empty_strided", "_reinterpret_tensor", "len", "max", "min", "abs", "int"} | \
+        set(OWN_LAUNCHERS.values()) | {f"_launch_{i}" for i in kernels.values()}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             func = ast.unparse(node.func)

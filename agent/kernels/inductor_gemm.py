@@ -3,8 +3,8 @@
 Inductor's GEMM templates are the starter's matmuls (max-autotune, TRITON backend: agent/kernels/inductor.py), but
 where no template applies its wrapper still calls cuBLAS (`extern_kernels.mm`, `addmm`, `bmm`, `baddbmm`). The
 generator translates each such call into a call of the launcher of the same name here (`_mm`, `_addmm`, `_bmm`,
-`_baddbmm`: inductor.OWN_LAUNCHERS), whose source the candidate holds verbatim (`candidate_source()`), tuned by `GEMM_*` constants. The
-recurrent layers' input projections (agent/kernels/inductor_rnn.py) use it too.
+`_baddbmm`: inductor.OWN_LAUNCHERS), whose source the candidate holds verbatim (`candidate_source()`), tuned by
+`GEMM_*` constants. The recurrent layers' input projections (agent/kernels/inductor_rnn.py) use it too.
 
 One kernel serves all four: out[b] = alpha * A[b] @ B[b] + beta * C[b], any strides (a transposed operand is a view),
 the addend broadcast through zero strides, sizes at run time (one compiled kernel serves every shape). fp32 operands

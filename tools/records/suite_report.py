@@ -178,7 +178,8 @@ def summarize(results: list[dict]) -> dict:
         "cost_usd": {"total": sum(r["cost_usd"] for r in results),
                      "median": _median([r["cost_usd"] for r in finished if r["status"] == "done"])},
         "tokens": sum(r["tokens"] for r in results),
-        "no_starter": {kind: [p["problem"] for p in problems] for kind, problems in no_starter_classes(results).items()},
+        "no_starter": {kind: [p["problem"] for p in problems]
+                       for kind, problems in no_starter_classes(results).items()},
     }
 
 
