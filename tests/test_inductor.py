@@ -517,6 +517,7 @@ def call(args):
     generated = build_candidate(wrapper, sources, REFERENCE.replace("return torch.maximum(a, b) * a", "pass"),
                                 single_output=False)
     assert {"GEMM_BLOCK_M", "CONV_BLOCK_M"} <= set(generated.tunables) and "extern_kernels" not in generated.source
+    assert "def _addmm(" in generated.source and "def _mm(" not in generated.source   # only the launchers it calls
     call = _cpu_module(generated.source)["_inductor_call"]
     a, w, bias, b, x = torch.randn(6, 7), torch.randn(5, 7), torch.randn(5), torch.randn(2, 5, 5), torch.randn(2, 5, 9)
     mm, bmm, conv = call([a, w, bias, b, x], None)
@@ -576,4 +577,20 @@ def test_level3_kinds_of_network_get_starters_the_evaluator_verifies(spec, expec
     generated = inductor.generate(spec, small=True)
     assert expect in generated.source and "triton_tem_" in " ".join(generated.kernels)
     result = evaluate(load_target(spec), generated.source)
+    assert result.verdict == "correct", result.reasons
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_lstm_starter_times_its_recurrence_settings_and_the_evaluator_verifies_it(tmp_path):
+    """On a GPU the recurrence's products are 3xTF32 tensor-core dots, its error carried over every step (level 3's
+    LSTMs run 512 steps through 6 layers), and its RNN_* and GEMM_* settings are timed at generation."""
+    from sandbox.evaluate import evaluate
+
+    spec = tmp_path / "lstm_long.py"
+    spec.write_text(open("tests/targets/kb_lstm.py").read().replace("sequence_length = 6", "sequence_length = 512")
+                    .replace("num_layers = 2", "num_layers = 6").replace("hidden_size = 24", "hidden_size = 256"))
+    generated = inductor.generate(str(spec), small=False)
+    assert "_recurrent(" in generated.source and "defaults timed at generation" in generated.notes
+    assert any("RNN_BLOCK_H" in choice for group in generated.choices for choice in group)
+    result = evaluate(load_target(str(spec)), generated.source)
     assert result.verdict == "correct", result.reasons

@@ -1096,7 +1096,7 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     parts += ["\n" + launcher(i, k) for i, k in enumerate(kernels)]
     if convolves:
         parts.append("\n" + inductor_conv.candidate_source())
-    parts += ["\n" + part.candidate_source() for part in own]
+    parts += ["\n" + part.candidate_source(call) for part in own]
     body = _call_expression(sources, "_inductor_call")
     if main is not None:
         body = (f"if _layout(flat) == _MAIN_LAYOUT:  # the shape the main kernels were compiled for\n"

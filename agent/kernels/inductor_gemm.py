@@ -3,7 +3,7 @@
 Inductor's GEMM templates are the starter's matmuls (max-autotune, TRITON backend: agent/kernels/inductor.py), but
 where no template applies its wrapper still calls cuBLAS (`extern_kernels.mm`, `addmm`, `bmm`, `baddbmm`). The
 generator translates each such call into a call of the launcher of the same name here (`_mm`, `_addmm`, `_bmm`,
-`_baddbmm`: inductor.OWN_LAUNCHERS), whose source the candidate holds verbatim (`candidate_source()`), tuned by
+`_baddbmm`: inductor.OWN_LAUNCHERS), whose source the candidate holds verbatim (`candidate_source`), tuned by
 `GEMM_*` constants. The recurrent layers' input projections (agent/kernels/inductor_rnn.py) use it too.
 
 One kernel serves all four: out[b] = alpha * A[b] @ B[b] + beta * C[b], any strides (a transposed operand is a view),
@@ -14,6 +14,7 @@ convolution does; half-precision ones as a plain dot with an fp32 accumulator.
 from __future__ import annotations
 
 import inspect
+import re
 
 import torch
 import triton
@@ -115,7 +116,8 @@ def _baddbmm(addend, a, b, alpha=1, beta=1, out=None):
     return out
 
 
-def candidate_source() -> str:
-    """The kernel and its launchers as a candidate holds them (the tunables are written by the generator)."""
-    functions = (_gemm_kernel.fn, _gemm, _mm, _addmm, _bmm, _baddbmm)
-    return "\n\n".join(inspect.getsource(f) for f in functions)
+def candidate_source(call: str) -> str:
+    """The kernel and the launchers that `call` (a translated wrapper) uses, as a candidate holds them (the tunables
+    are written by the generator)."""
+    launchers = [f for f in (_mm, _addmm, _bmm, _baddbmm) if re.search(rf"\b{f.__name__}\(", call)]
+    return "\n\n".join(inspect.getsource(f) for f in (_gemm_kernel.fn, _gemm, *launchers))

@@ -4,7 +4,7 @@ torch.compile makes no graph of a recurrent layer (Dynamo leaves `_VF.lstm` to P
 starter generator (agent/kernels/inductor.py) traces each such module's forward as one opaque op,
 `kloop::recurrent` (this module's `recurrent`, with symbolic output shapes), and Inductor generates Triton for
 everything around it; the candidate computes the op with `_recurrent` below, whose source is copied into it verbatim
-(`candidate_source()`), its tunables as `RNN_*` constants.
+(`candidate_source`), its tunables as `RNN_*` constants.
 
 Per layer and direction: the input projection of every time step at once, x W_ih^T + b_ih, as one GEMM (kloop's
 own, agent/kernels/inductor_gemm.py); then one launch per time step of `_recurrent_step_kernel`, which multiplies
@@ -241,7 +241,8 @@ def _merged_rows(t):
     return t
 
 
-def candidate_source() -> str:
-    """The kernels and launcher as a candidate holds them (with kloop's GEMM: inductor_gemm.candidate_source())."""
+def candidate_source(call: str) -> str:
+    """The kernels and launcher as a candidate holds them, whatever `call` (a translated wrapper) launches (with
+    kloop's GEMM: inductor_gemm.candidate_source)."""
     functions = (_recurrent_gate.fn, _recurrent_step_kernel.fn, _recurrent, _merged_rows)
     return f"MODES = {MODES!r}\n\n\n" + "\n\n".join(inspect.getsource(f) for f in functions)
