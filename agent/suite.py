@@ -327,7 +327,7 @@ def device_kind() -> tuple[str, str]:
 
 
 # The modules whose code makes a starter: a starter another version of them made is made again.
-GENERATOR_MODULES = ("inductor.py", "inductor_conv.py", "starter_tune.py")
+GENERATOR_MODULES = ("inductor.py", "inductor_conv.py", "inductor_gemm.py", "inductor_rnn.py", "starter_tune.py")
 
 
 @functools.cache

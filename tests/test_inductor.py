@@ -113,13 +113,13 @@ def test_a_cuda_wrapper_becomes_a_standalone_candidate_that_computes_the_referen
 
 def test_library_calls_and_kernel_free_graphs_say_why_there_is_no_starter():
     extern = WRAPPER.replace("triton_poi_fused_add_mul_0.run(arg1_1, arg2_1, buf0, s0, stream=stream0)",
-                             "extern_kernels.mm(arg1_1, arg2_1, out=buf0)")
-    with pytest.raises(NoStarter, match=r"makes a library call \(extern_kernels\.mm\) instead of generating Triton"):
+                             "extern_kernels._mm_plus_mm(arg1_1, arg2_1, arg1_1, arg2_1, out=buf0)")
+    with pytest.raises(NoStarter, match=r"makes a library call \(extern_kernels\._mm_plus_mm\) instead of generating"):
         build_candidate(extern, SOURCES, REFERENCE, single_output=True)
     only_extern = extern.split("triton_poi_fused_add_mul_0 = async_compile")[0] + "\ndef call(args):\n" \
         "    arg0_1, arg1_1 = args\n    buf0 = empty_strided_cuda((4, 4), (4, 1), torch.float32)\n" \
-        "    extern_kernels.mm(arg0_1, arg1_1, out=buf0)\n    return (buf0, )\n"
-    with pytest.raises(NoStarter, match="library call"):  # the library is the reason, not "no Triton kernel"
+        "    extern_kernels._mm_plus_mm(arg0_1, arg1_1, arg0_1, arg1_1, out=buf0)\n    return (buf0, )\n"
+    with pytest.raises(NoStarter, match="^library_call: .*library call"):  # the library, not "no Triton kernel"
         build_candidate(only_extern, SOURCES[1:], REFERENCE, single_output=True)
     fallback = WRAPPER.replace("buf0 = empty_strided_cuda((s0, ), (1, ), torch.float32)",
                                "buf0 = torch.ops.aten.sort.default(arg1_1)")
@@ -432,3 +432,165 @@ def test_a_generation_given_up_is_killed_and_says_so():
     with pytest.raises(GenerationStopped, match="given up"):
         generate("vector_add", small=True, give_up=give_up)
     assert time.monotonic() - began < 5
+
+
+# -- level 3: several graphs, recurrent layers, library calls ----------------------------------------------------
+def test_a_no_starter_reason_leads_with_its_class_and_keeps_it_through_a_child_reply():
+    reason = "torch.compile splits the reference into 0 graphs (graph breaks); a standalone starter needs one"
+    error = NoStarter(reason)
+    assert (error.kind, error.reason, str(error)) == ("graph_break", reason, f"graph_break: {reason}")
+    again = NoStarter(str(error))   # generate() re-raises the child's one line
+    assert (again.kind, again.reason) == ("graph_break", reason)
+    assert NoStarter("torch.compile did not finish generating Triton within 300 s").kind == "timeout"
+    assert NoStarter("Inductor's code for this reference makes a library call (x) instead").kind == "library_call"
+    assert NoStarter("something new").kind == "other"
+
+
+def _cpu_module(source: str) -> dict:
+    """A starter's module as the evaluator's CPU executor runs it (libdevice's CPU stand-in)."""
+    namespace = {}
+    cpu_source = source.replace("from triton.language.extra import libdevice",
+                                "import sandbox.libdevice_cpu as libdevice")
+    exec(compile(cpu_source, "starter", "exec"), namespace)
+    return namespace
+
+
+# Built without the rules (which refuse torch._dynamo in a candidate): a graph break the test puts there
+TWO_GRAPHS = """import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 48), torch.nn.Linear(48, 32)
+
+    def forward(self, x):
+        y = torch.relu(self.fc1(x))
+        torch._dynamo.graph_break()
+        return self.fc2(y) * 2 + x, y
+"""
+
+
+def test_a_reference_split_into_two_graphs_runs_both_graphs_kernels_in_one_forward():
+    """Each graph's own kernels; the second takes the first's output and the forward's input, as the reference's
+    forward passed them; the outputs come from both graphs."""
+    torch.manual_seed(0)
+    model = _cpu_module(TWO_GRAPHS)["Model"]()
+    wrapper, sources = inductor.capture(model, [torch.randn(16, 32)])
+    assert sources == [f"L['args'][{i}]" for i in range(5)]   # 4 parameters and the input
+    assert "args_c1 = [args[2], args[3], out0[0].shape[0], out0[0], args[4]]" in wrapper
+    generated = build_candidate(wrapper, sources, TWO_GRAPHS, single_output=False, interpreter=True)
+    assert [k[-3:] for k in generated.kernels] == ["_g0", "_g1"]
+    new = _cpu_module(generated.source)["ModelNew"]()
+    new.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for batch in (16, 5):   # the traced size and another: sizes pass between the graphs at run time
+            x = torch.randn(batch, 32)
+            for got, want in zip(new(x), model(x)):
+                torch.testing.assert_close(got, want)
+
+
+def test_a_graph_break_that_reads_tensor_data_has_no_starter():
+    class Scaled(torch.nn.Module):
+        def forward(self, x):
+            return x / x.abs().max().item()   # the value would be a constant of the second graph
+
+    with pytest.raises(NoStarter, match=r"^graph_break: .*reads a tensor's data"):
+        inductor.capture(Scaled(), [torch.randn(8, 8)])
+
+
+def test_inductors_library_matmuls_and_convolutions_run_kloops_own_triton():
+    """cuBLAS and cuDNN calls in Inductor's wrapper (extern_kernels.addmm, bmm, convolution) become kloop's GEMM and
+    convolution launchers, their tunables the starter's."""
+    wrapper = WRAPPER.split("triton_poi_fused_add_mul_0 = async_compile")[0] + """
+def call(args):
+    arg0_1, arg1_1, arg2_1, arg3_1, arg4_1 = args
+    buf0 = empty_strided_cuda((6, 5), (5, 1), torch.float32)
+    extern_kernels.addmm(arg2_1, arg0_1, reinterpret_tensor(arg1_1, (7, 5), (1, 7), 0), alpha=1, beta=1, out=buf0)
+    buf1 = empty_strided_cuda((2, 3, 5), (15, 5, 1), torch.float32)
+    extern_kernels.bmm(reinterpret_tensor(buf0, (2, 3, 5), (15, 5, 1), 0), arg3_1, out=buf1)
+    buf2 = extern_kernels.convolution(arg4_1, arg3_1, None, stride=(1,), padding=(0,), dilation=(1,),
+                                      transposed=False, output_padding=(0,), groups=1)
+    return (buf0, buf1, buf2)
+"""
+    sources = [f"L['args'][{i}]" for i in range(5)]
+    generated = build_candidate(wrapper, sources, REFERENCE.replace("return torch.maximum(a, b) * a", "pass"),
+                                single_output=False)
+    assert {"GEMM_BLOCK_M", "CONV_BLOCK_M"} <= set(generated.tunables) and "extern_kernels" not in generated.source
+    assert "def _addmm(" in generated.source and "def _mm(" not in generated.source   # only the launchers it calls
+    call = _cpu_module(generated.source)["_inductor_call"]
+    a, w, bias, b, x = torch.randn(6, 7), torch.randn(5, 7), torch.randn(5), torch.randn(2, 5, 5), torch.randn(2, 5, 9)
+    mm, bmm, conv = call([a, w, bias, b, x], None)
+    torch.testing.assert_close(mm, torch.addmm(bias, a, w.t()))
+    torch.testing.assert_close(bmm, torch.bmm(mm.view(2, 3, 5), b))
+    torch.testing.assert_close(conv, torch.nn.functional.conv1d(x, b))
+
+
+@pytest.mark.parametrize("layer", [
+    torch.nn.LSTM(12, 20, num_layers=2, batch_first=True),
+    torch.nn.GRU(12, 20, num_layers=2, bidirectional=True),
+    torch.nn.RNN(12, 20, nonlinearity="relu", bias=False),
+    torch.nn.RNN(12, 20, bidirectional=True, batch_first=True),
+])
+def test_kloops_recurrence_computes_lstm_gru_and_rnn_layers(monkeypatch, layer):
+    from agent.kernels import inductor_rnn
+    import sandbox.libdevice_cpu
+
+    monkeypatch.setattr(inductor_rnn, "libdevice", sandbox.libdevice_cpu)   # as the CPU executor runs it
+    torch.manual_seed(0)
+    directions = 2 if layer.bidirectional else 1
+    x = torch.randn(5, 7, 12)
+    h0 = torch.randn(layer.num_layers * directions, 5 if layer.batch_first else 7, 20)
+    c0 = torch.randn_like(h0) if layer.mode == "LSTM" else None
+    weights = [getattr(layer, name) for name in layer._flat_weights_names]
+    with torch.no_grad():
+        out, h, c = inductor_rnn._recurrent(x, h0, c0, weights, layer.mode, layer.num_layers, layer.bidirectional,
+                                            layer.batch_first)
+        want_out, want_state = layer(x, (h0, c0) if c0 is not None else h0)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(h, want_state[0] if c0 is not None else want_state)
+    if c0 is not None:
+        torch.testing.assert_close(c, want_state[1])
+
+
+def test_a_recurrent_layer_kloop_does_not_compute_says_so():
+    class Projected(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(8, 16, proj_size=4)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    with pytest.raises(NoStarter, match=r"^recurrent: recurrent layer lstm \(LSTM\) projects its hidden state"):
+        inductor.capture(Projected(), [torch.randn(3, 2, 8)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, expect", [
+    ("tests/targets/kb_lstm.py", "_recurrent("),        # no graph for the LSTM: kloop's recurrence, a GEMM template
+    ("tests/targets/kb_small_cnn.py", "_conv("),        # kloop's convolution, Inductor's pool and GEMM template
+])
+def test_level3_kinds_of_network_get_starters_the_evaluator_verifies(spec, expect):
+    from sandbox.evaluate import evaluate
+
+    generated = inductor.generate(spec, small=True)
+    assert expect in generated.source and "triton_tem_" in " ".join(generated.kernels)
+    result = evaluate(load_target(spec), generated.source)
+    assert result.verdict == "correct", result.reasons
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_lstm_starter_times_its_recurrence_settings_and_the_evaluator_verifies_it(tmp_path):
+    """On a GPU the recurrence's products are 3xTF32 tensor-core dots, its error carried over every step (level 3's
+    LSTMs run 512 steps through 6 layers), and its RNN_* and GEMM_* settings are timed at generation."""
+    from sandbox.evaluate import evaluate
+
+    spec = tmp_path / "lstm_long.py"
+    spec.write_text(open("tests/targets/kb_lstm.py").read().replace("sequence_length = 6", "sequence_length = 512")
+                    .replace("num_layers = 2", "num_layers = 6").replace("hidden_size = 24", "hidden_size = 256"))
+    generated = inductor.generate(str(spec), small=False)
+    assert "_recurrent(" in generated.source and "defaults timed at generation" in generated.notes
+    assert any("RNN_BLOCK_H" in choice for group in generated.choices for choice in group)
+    result = evaluate(load_target(str(spec)), generated.source)
+    assert result.verdict == "correct", result.reasons

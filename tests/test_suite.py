@@ -506,6 +506,29 @@ def test_report_numbers_match_a_hand_computed_case(timed_suite, tmp_path):
     assert document["summary"]["fast_p"]["eager"]["2"] == pytest.approx(0.2)
 
 
+def test_problems_without_a_starter_are_listed_by_the_class_of_their_reason(tmp_path):
+    from agent.kernels.inductor import NoStarter
+    from agent.policies.offline import no_starter_message
+
+    store = open_db(tmp_path / "s.db")
+    reasons = {"37_LSTMCn": "recurrent layer lstm (LSTM) projects its hidden state (proj_size), which kloop's "
+                            "recurrent kernel does not compute",
+               "46_NetVlad": "torch.compile splits the reference into 2 graphs where it reads a tensor's data (item())",
+               "48_Mamba": "torch.compile splits the reference into 3 graphs (graph breaks), and output 0 is computed "
+                           "by PyTorch between them"}
+    rows = [_row(f"level3/{name}", "refine", "skipped", reason=no_starter_message(name, str(NoStarter(why))))
+            for name, why in reasons.items()]
+    rows.append(_row("level3/5_E", "refine", "skipped", reason="target 5_E: the reference fails at its main shape"))
+    summary = summarize(collect(store, rows))
+    assert summary["no_starter"] == {"graph_break": ["level3/46_NetVlad", "level3/48_Mamba"],
+                                     "recurrent": ["level3/37_LSTMCn"]}
+    write_suite_report(store, rows, tmp_path / "out", {"title": "no starters"})
+    section = (tmp_path / "out" / "report.md").read_text().split("## Without a starter, by class")[1]
+    assert "| graph_break | level3/46_NetVlad, level3/48_Mamba | 2 | torch.compile splits the reference into 2 " \
+           "graphs where it reads a tensor's data (item()) |" in section
+    assert "| recurrent | level3/37_LSTMCn | 1 |" in section and "5_E" not in section.split("##")[0]
+
+
 def test_a_suite_resumed_on_another_gpu_says_which_problem_ran_where(tmp_path):
     store = open_db(tmp_path / "s.db")
     rows = [_row(f"level2/{i}_P", "refine", "done", _run(store, f"{i}_P", "refine", [("correct", 1.5, 1.2, 0.5)],

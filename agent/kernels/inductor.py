@@ -30,11 +30,15 @@ construction stay constants (Dynamo specializes them). The candidate holds:
   kernels' tunables are the searched ones; the dynamic kernels serve every other shape at Inductor's first
   configuration.
 
-Matmuls become Triton only through Inductor's templates: generation runs with max-autotune for GEMMs restricted to
-the TRITON backend (on a GPU this benchmarks the template configurations, as torch.compile's max-autotune does).
-Where Inductor still calls a library (extern_kernels.mm, an aten fallback), splits the reference into several
-graphs or makes a kernel kind the translation does not launch, there is no standalone starter: `NoStarter` says
-which, in one line.
+Matmuls become Triton through Inductor's templates: generation runs with max-autotune for GEMMs restricted to
+the TRITON backend (on a GPU this benchmarks the template configurations, as torch.compile's max-autotune does);
+where Inductor still calls cuBLAS (extern mm, addmm, bmm, baddbmm) or cuDNN, the call becomes kloop's own Triton
+GEMM (agent/kernels/inductor_gemm.py) or convolution (OWN_LAUNCHERS). Recurrent layers (nn.LSTM, nn.GRU, nn.RNN), of
+which Dynamo makes no graph, are traced as one op each and computed by kloop's Triton recurrence
+(agent/kernels/inductor_rnn.py). A reference that Dynamo splits into several graphs gets each graph's kernels, glued
+into one wrapper in the order its forward ran them (glue_graphs). Where Inductor calls another library or an aten
+fallback, a value between graphs is PyTorch's own, or Inductor makes a kernel kind the translation does not launch,
+there is no standalone starter: `NoStarter` says why in one line, led by its class (FAILURE_CLASSES).
 
 On a CUDA machine this is Inductor's CUDA Triton codegen. Without a GPU, Inductor's Triton backend for CPU
 (`cpu_backend = "triton"`) generates the same kind of kernels, which kloop runs under TRITON_INTERPRET=1; only the
@@ -99,8 +103,41 @@ def _th_welford(mean, m2, weight, dim):
 '''
 
 
+# Why a target has no starter, by class: the first pattern its reason matches (checked in order).
+FAILURE_CLASSES = (
+    ("timeout", r"did not finish generating"),
+    ("generator_crash", r"^generating Inductor's Triton failed|^generation given up"),
+    ("reference_fails", r"^the reference (fails|returns)"),
+    ("graph_break", r"splits the reference into \d+ graphs"),
+    ("graph_input", r"graph input the generator cannot rebuild"),
+    ("library_call", r"a library call"),
+    ("pytorch_fallback", r"a PyTorch fallback"),
+    ("no_template", r"no Triton template"),
+    ("recurrent", r"recurrent layer"),
+    ("kernel_kind", r"kernel|launch grid|constexpr|triton_helpers|allocates with|launches"),
+    ("compile_error", r"^torch\.compile could not generate"),
+    ("rule", r"^the generated candidate"),
+    ("no_kernel", r"generated no Triton kernel"),
+)
+
+
+def failure_class(reason: str) -> str:
+    """The short class name of a NoStarter reason (FAILURE_CLASSES; `other` where none matches)."""
+    return next((name for name, pattern in FAILURE_CLASSES if re.search(pattern, reason)), "other")
+
+
 class NoStarter(Exception):
-    """No standalone starter for this target; the message is one line that says why."""
+    """No standalone starter for this target; the message is one line that says why, led by its class
+    (`graph_break: torch.compile splits ...`), as the suite report lists it. A reason that already leads with a
+    class (a child's reply) keeps it."""
+
+    def __init__(self, reason: str, kind: str | None = None):
+        led = re.match(r"(\w+): (.*)$", reason, re.S)
+        if kind is None and led and led.group(1) in dict(FAILURE_CLASSES) | {"other": ""}:
+            kind, reason = led.groups()
+        self.reason = reason
+        self.kind = kind or failure_class(reason)
+        super().__init__(f"{self.kind}: {reason}")
 
 
 class GenerationStopped(NoStarter):
@@ -216,6 +253,8 @@ def _configure(cuda: bool) -> None:
     inductor_config.cpu_backend = "triton"
     if not cuda and hasattr(inductor_config, "deterministic"):
         inductor_config.deterministic = True
+    if not cuda:  # timing a template with its epilogue fused: Inductor's CPU benchmark module does not import
+        inductor_config.benchmark_epilogue_fusion = False
 
 
 def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
@@ -229,13 +268,16 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.graph import GraphLowering
 
-    from agent.kernels import inductor_conv  # registers kloop::convolution
+    from agent.kernels import inductor_conv, inductor_rnn  # register kloop::convolution, kloop::recurrent
 
+    if (reason := inductor_rnn.unsupported(model)) is not None:
+        raise NoStarter(reason)
     _configure(any(getattr(t, "is_cuda", False) for t in inputs) or torch.cuda.is_available())
     names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
     weights = [p.detach() for p in model.parameters()] + [b.detach() for b in model.buffers()]
     codes: list[str] = []
     graphs: list[list[str]] = []
+    calls: list[tuple[int, tuple, object]] = []   # (graph, its inputs, its outputs) in the order the forward ran
 
     def codegen_only(self):  # the wrapper's source; the graph itself is not compiled (no Triton driver needed)
         wrapper, _kernels = self.codegen_with_cpp_wrapper() if self.cpp_wrapper else self.codegen()
@@ -258,20 +300,129 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
         with mock.patch.object(torch_triton, "triton_hash_with_backend", lambda: "0" * 64), \
                 mock.patch.object(GraphLowering, "compile_to_module", codegen_only):
             compile_fx(gm, example_inputs)
-        return gm.forward
+        graph = len(graphs) - 1
+
+        def run(*args):  # the graph as the forward calls it: its inputs and outputs, to glue graphs by
+            outs = gm.forward(*args)
+            calls.append((graph, args, outs))
+            return outs
+        return run
 
     def flat(*args):
         return torch.func.functional_call(model, dict(zip(names, args[:len(names)])), tuple(args[len(names):]))
 
     torch._dynamo.reset()
+    breaks = torch._dynamo.utils.counters["graph_break"]
+    breaks.clear()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
+    torch._dynamo.config.allow_rnn = True  # else Dynamo breaks the graph at a recurrent module (kloop::recurrent here)
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
-            _traceable_ops():
-        torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
+            inductor_rnn.traced_as_one_op(), _traceable_ops():
+        result = torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
+    data_dependent = [reason for reason in breaks if _DATA_DEPENDENT.search(reason)]
+    if data_dependent:  # a value read from a tensor's data would be a constant of the next graph
+        raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs where it reads a tensor's data "
+                        f"({' '.join(data_dependent[0].split())[:120]}), which no plan can replay")
+    if len(graphs) > 1 and len(codes) == len(graphs):
+        return glue_graphs(codes, graphs, calls, weights + list(inputs), result)
     if len(graphs) != 1 or len(codes) != 1:
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
                         "starter needs one")
     return codes[0], graphs[0]
+
+
+# Dynamo's reasons for a graph break where the forward reads a tensor's data on the host
+_DATA_DEPENDENT = re.compile(r"item\(\)|tolist|[Dd]ata.dependent|numpy|jump", re.I)
+_SIZE_SOURCE = re.compile(r"^(?P<base>.+)\.(?:size\(\)\[(?P<size>\d+)\]|stride\(\)\[(?P<stride>\d+)\]|"
+                          r"(?P<offset>storage_offset)\(\))$")
+
+
+def glue_graphs(codes: list[str], graphs: list[list[str]], calls: list, flat: list, result) -> tuple[str, list[str]]:
+    """One wrapper, as Inductor would write it, for a reference that torch.compile splits into several graphs, and
+    its graph inputs (the whole of `flat`): each graph's kernels (renamed `<kernel>_g<graph>`), and a `call` that runs
+    the graphs' own calls in the order the forward ran them, each taking what the forward passed it: a tensor of
+    `flat` or an earlier graph's output (known by identity from the reference's run), a size or stride of one of
+    its tensors. NoStarter where the forward passes a graph anything else (a tensor PyTorch computed between the
+    graphs, a Python int of its own): nothing a plan could replay."""
+    import torch
+
+    known = {id(v): f"args[{i}]" for i, v in enumerate(flat) if isinstance(v, torch.Tensor)}
+    definitions, body = [], []
+    renamed = [_kernels_renamed(code, f"_g{graph}") for graph, code in enumerate(codes)]
+    for graph, code in enumerate(renamed):
+        definitions += [ast.unparse(node) for node in ast.parse(code).body if _is_kernel_definition(node)]
+    for n, (graph, args, outs) in enumerate(calls):
+        sources = graphs[graph]
+        expressions = {}
+        for j, (source, value) in enumerate(zip(sources, args)):
+            if isinstance(value, torch.Tensor):
+                if id(value) not in known:
+                    raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks), "
+                                    f"and graph {graph} takes a tensor ({source}) that PyTorch computes between them")
+                expressions[j] = known[id(value)]
+        for j, (source, value) in enumerate(zip(sources, args)):
+            if j in expressions:
+                continue
+            m = _SIZE_SOURCE.match(source)
+            base = next((expressions[i] for i, s in enumerate(sources) if m and s == m["base"] and i in expressions),
+                        None)
+            if base is None:
+                raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks), and "
+                                f"graph {graph} takes {source} ({type(value).__name__}), which no graph or input "
+                                "gives")
+            expressions[j] = (f"{base}.shape[{m['size']}]" if m["size"] else
+                              f"{base}.stride({m['stride']})" if m["stride"] else f"{base}.storage_offset()")
+        body += [f"args_c{n} = [{', '.join(expressions[j] for j in range(len(sources)))}]",
+                 *_inlined_call(renamed[graph], f"_c{n}", f"out{n}")]
+        for k, out in enumerate(outs if isinstance(outs, (tuple, list)) else [outs]):
+            if isinstance(out, torch.Tensor):
+                known.setdefault(id(out), f"out{n}[{k}]")
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    missing = [i for i, r in enumerate(results) if not isinstance(r, torch.Tensor) or id(r) not in known]
+    if missing:
+        raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks), and output "
+                        f"{missing[0]} is computed by PyTorch between them")
+    lines = "\n    ".join(body + [f"return ({''.join(known[id(r)] + ', ' for r in results)})"])
+    wrapper = "\n".join(definitions) + f"\n\n\ndef call(args):\n    {lines}\n"
+    return wrapper, [f"L['args'][{i}]" for i in range(len(flat))]
+
+
+def _is_kernel_definition(node) -> bool:
+    return isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+        ast.unparse(node.value.func) == "async_compile.triton"
+
+
+def _kernels_renamed(wrapper: str, suffix: str) -> str:
+    """Inductor's wrapper with each of its Triton kernels named `<name><suffix>`."""
+    for name in _kernel_texts(wrapper):
+        wrapper = re.sub(rf"\b{re.escape(name)}\b", f"{name}{suffix}", wrapper)
+    return wrapper
+
+
+def _inlined_call(wrapper: str, suffix: str, result: str) -> list[str]:
+    """The statements of Inductor's `call(args)` with each of its local names suffixed (its argument list is
+    `args<suffix>`), `args.clear()` dropped, and its return an assignment to `result`."""
+    call = next(node for node in ast.walk(ast.parse(wrapper)) if isinstance(node, ast.FunctionDef) and
+                node.name == "call")
+    local = {a.arg for a in call.args.args} | {n.id for n in ast.walk(call) if isinstance(n, ast.Name) and
+                                               isinstance(n.ctx, ast.Store)}
+
+    class Renamer(ast.NodeTransformer):
+        def visit_Name(self, node):
+            if node.id in local:
+                node.id += suffix
+            return node
+
+    statements = []
+    for stmt in call.body:
+        if isinstance(stmt, ast.Expr) and ast.unparse(stmt.value) == "args.clear()":
+            continue
+        if isinstance(stmt, ast.Return):
+            stmt = ast.Assign([ast.Name(result, ast.Store())], stmt.value or ast.Constant(None))
+        elif any(isinstance(n, ast.Return) for n in ast.walk(stmt)):
+            raise NoStarter("Inductor's wrapper returns from inside a block, which the generator cannot glue")
+        statements.append(ast.unparse(ast.fix_missing_locations(Renamer().visit(stmt))))
+    return [line for stmt in statements for line in stmt.split("\n")]
 
 
 _MATMULS = {"matmul", "mm", "__matmul__"}
@@ -695,6 +846,12 @@ _ALLOCATORS = {"empty_strided_cuda", "empty_strided_cpu", "empty_strided_xpu", "
 _TENSOR_METHODS = {"zero_", "fill_", "size", "stride", "storage_offset", "dim"}
 # The convolutions traced as kloop::convolution (agent/kernels/inductor_conv.py), computed by its Triton kernel.
 CONV_OP, CONV_LAUNCHER = "torch.ops.kloop.convolution.default", "_conv"
+# Each call of Inductor's wrapper that kloop's own Triton computes, and the candidate's launcher for it: the ops
+# traced as one (a convolution, a recurrent layer: agent/kernels/inductor_rnn.py) and the library calls Inductor
+# still makes (cuDNN, cuBLAS: kloop's GEMM, agent/kernels/inductor_gemm.py).
+OWN_LAUNCHERS = {CONV_OP: CONV_LAUNCHER, "extern_kernels.convolution": CONV_LAUNCHER,
+                 "torch.ops.kloop.recurrent.default": "_recurrent", "extern_kernels.mm": "_mm",
+                 "extern_kernels.addmm": "_addmm", "extern_kernels.bmm": "_bmm", "extern_kernels.baddbmm": "_baddbmm"}
 
 
 class _CallTranslator(ast.NodeTransformer):
@@ -745,8 +902,8 @@ class _CallTranslator(ast.NodeTransformer):
                                               [ast.Name("device", ast.Load()), *node.args], []), node)
         if func == "reinterpret_tensor":
             node.func = ast.Name("_reinterpret_tensor", ast.Load())
-        if func == CONV_OP:
-            node.func = ast.Name(CONV_LAUNCHER, ast.Load())
+        if func in OWN_LAUNCHERS:
+            node.func = ast.Name(OWN_LAUNCHERS[func], ast.Load())
         return node
 
 
@@ -764,8 +921,8 @@ def translate_call(wrapper: str, kernels: dict[str, int], function: str = "_indu
     definition = ast.parse(f"def {function}(args, device):\n    pass\n").body[0]
     definition.body = body.body or definition.body
     source = ast.unparse(ast.fix_missing_locations(ast.Module(body=[definition], type_ignores=[]))) + "\n"
-    allowed = {"_empty_strided", "_reinterpret_tensor", CONV_LAUNCHER, "len", "max", "min", "abs", "int"} | \
-        {f"_launch_{i}" for i in kernels.values()}
+    allowed = {"_empty_strided", "_reinterpret_tensor", "len", "max", "min", "abs", "int"} | \
+        set(OWN_LAUNCHERS.values()) | {f"_launch_{i}" for i in kernels.values()}
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             func = ast.unparse(node.func)
@@ -894,7 +1051,8 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
         call += "\n\n" + translate_call(main_wrapper, main_index, "_inductor_call_main")
         texts.update(main_texts)
     convolves = re.search(rf"\b{CONV_LAUNCHER}\(", call) is not None
-    if not texts and not convolves:
+    own = own_parts(call)
+    if not texts and not convolves and not own:
         raise NoStarter("Inductor generated no Triton kernel for this reference (its code only allocates, views "
                         "or returns its inputs)")
     kernels = [parse_kernel(name, text) for name, text in texts.items()]
@@ -910,7 +1068,7 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     if interpreter and "welford" in helpers:
         helpers["welford"] = INTERPRETER_WELFORD
     searched = range(len(index), len(kernels)) if main is not None else range(len(kernels))
-    tunables, defaults, choices = _tunables(kernels, searched, convolves, interpreter)
+    tunables, defaults, choices = _tunables(kernels, searched, convolves, own, interpreter)
     parts = [PRELUDE]
     parts.append("\n".join(f"{name} = {value!r}" for name, value in defaults.items()) + "\n")
     parts += [f"\n@triton.jit\n{src.split(chr(10), 1)[1]}" for src in helpers.values()]
@@ -918,6 +1076,7 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     parts += ["\n" + launcher(i, k) for i, k in enumerate(kernels)]
     if convolves:
         parts.append("\n" + inductor_conv.candidate_source())
+    parts += ["\n" + part.candidate_source(call) for part in own]
     body = _call_expression(sources, "_inductor_call")
     if main is not None:
         body = (f"if _layout(flat) == _MAIN_LAYOUT:  # the shape the main kernels were compiled for\n"
@@ -943,13 +1102,14 @@ class ModelNew(Model):
         return {result}
 ''')
     source = "\n".join(p.rstrip("\n") + "\n" for p in parts)
-    notes = _notes(kernels, len(index) if main is not None else None, convolves)
+    notes = _notes(kernels, len(index) if main is not None else None, convolves, own)
     return Generated(source, tunables, defaults, notes, [k.name for k in kernels], choices)
 
 
-def _tunables(kernels: list[Kernel], searched: range, convolves: bool, interpreter: bool) -> tuple[dict, dict, list]:
-    """The candidate's tunables (those of the kernels in `searched`, and the convolution's), every constant's
-    default, and the configurations a search starts from (none under the interpreter)."""
+def _tunables(kernels: list[Kernel], searched: range, convolves: bool, own: list, interpreter: bool
+              ) -> tuple[dict, dict, list]:
+    """The candidate's tunables (those of the kernels in `searched`, the convolution's and kloop's own parts'),
+    every constant's default, and the configurations a search starts from (none under the interpreter)."""
     from agent.kernels import inductor_conv
 
     tunables, defaults, choices = {}, {}, []
@@ -958,6 +1118,10 @@ def _tunables(kernels: list[Kernel], searched: range, convolves: bool, interpret
         tunables.update({name: _with_default(values, conv_defaults[name])
                          for name, values in inductor_conv.TUNABLES.items()})
         defaults.update(conv_defaults)
+    for part in own:
+        part_defaults = part.INTERPRETER_DEFAULTS if interpreter else part.DEFAULTS
+        tunables.update({name: _with_default(values, part_defaults[name]) for name, values in part.TUNABLES.items()})
+        defaults.update(part_defaults)
     for i, k in enumerate(kernels):
         t, d = kernel_tunables(i, k, interpreter)
         defaults.update(d)
@@ -966,12 +1130,13 @@ def _tunables(kernels: list[Kernel], searched: range, convolves: bool, interpret
             choices.append(kernel_choices(i, k, d))
     if convolves:
         choices.append(_distinct([dict(conv_defaults)] + inductor_conv.CONFIGS))
+    choices += [_distinct([dict(part.DEFAULTS)] + part.CONFIGS) for part in own]
     if interpreter:  # nothing is timed under the interpreter
         choices = []
     return tunables, defaults, choices
 
 
-def _notes(kernels: list[Kernel], main_from: int | None, convolves: bool) -> str:
+def _notes(kernels: list[Kernel], main_from: int | None, convolves: bool, own: list) -> str:
     """What the starter is, for the policy. main_from: the first of the main shape's kernels (None: no main path)."""
     names = ", ".join(k.name for k in kernels)
     notes = (f"torch.compile (Inductor) Triton for the reference: {len(kernels)} kernel(s) ({names}), made "
@@ -982,7 +1147,19 @@ def _notes(kernels: list[Kernel], main_from: int | None, convolves: bool) -> str
     if convolves:
         notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time; "
                   "a depthwise one _conv_depthwise_kernel while CONV_DIRECT), tuned by the CONV_* constants")
+    notes += "".join(f"; {part.NOTE}" for part in own)
     return notes
+
+
+def own_parts(call: str) -> list:
+    """kloop's own kernel modules that a translated call launches besides the convolution, in the order a candidate
+    holds them: the GEMM (a library call's launcher, or a recurrent layer's input projections), the recurrent
+    layers."""
+    from agent.kernels import inductor_gemm, inductor_rnn
+
+    recurrent = re.search(r"\b_recurrent\(", call) is not None
+    gemm = recurrent or re.search(r"\b_(mm|addmm|bmm|baddbmm)\(", call) is not None
+    return [part for part, used in ((inductor_gemm, gemm), (inductor_rnn, recurrent)) if used]
 
 
 def _call_expression(sources: list[str], function: str) -> str:

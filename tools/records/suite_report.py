@@ -20,6 +20,7 @@ import collections
 import csv
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ SOL_BINS = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 NEAR_BEST = 0.98   # attempts to reach 98% of the run's best speedup
 NO_TIMING = ("no CUDA GPU: the kernels ran under the Triton interpreter on CPU tensors at small shapes, so no timing "
              "is real: speedups, fast_p for p > 0, geomeans and speed-of-light fractions are not reported")
+# A problem skipped for want of an offline starter: agent/policies/offline.py's message around the generator's reason,
+# which leads with its class (agent/kernels/inductor.py FAILURE_CLASSES)
+NO_STARTER = re.compile(r"^no offline starter for .+?: (?P<kind>[a-z_]+): (?P<why>.*?)(?:; give --seed-kernel .*)?$",
+                        re.S)
 
 
 class SuiteReportError(Exception):
@@ -107,6 +112,17 @@ def _template(head: str | None) -> str | None:
     return (offline_marker(head) or {}).get("template")
 
 
+def no_starter_classes(results: list[dict]) -> dict[str, list[dict]]:
+    """The skipped problems without an offline starter, by the class of the reason: {class: [{problem, reason}]},
+    the most frequent class first."""
+    classes: dict[str, list[dict]] = collections.defaultdict(list)
+    for r in results:
+        m = NO_STARTER.match(r["reason"] or "") if r["status"] == "skipped" else None
+        if m:
+            classes[m["kind"]].append({"problem": r["problem"], "reason": m["why"]})
+    return dict(sorted(classes.items(), key=lambda item: -len(item[1])))
+
+
 def geomean(values: list[float | None]) -> float | None:
     """Geometric mean of the speedups known (None and 0, no speedup, left out); None when there are none. The one
     geomean of kloop's reports (suite, bench)."""
@@ -158,6 +174,8 @@ def summarize(results: list[dict]) -> dict:
         "cost_usd": {"total": sum(r["cost_usd"] for r in results),
                      "median": _median([r["cost_usd"] for r in finished if r["status"] == "done"])},
         "tokens": sum(r["tokens"] for r in results),
+        "no_starter": {kind: [p["problem"] for p in problems]
+                       for kind, problems in no_starter_classes(results).items()},
     }
 
 
@@ -491,6 +509,13 @@ def _problem_sections(results: list[dict], timed: bool) -> list[str]:
         lines += ["## Runs without a verified kernel", "", markdown_table(
             ["problem", "strategy", "attempts", "last failed attempt"],
             [[r["problem"], r["strategy"], r["attempts"], (r["last_failure"] or "")[:300]] for r in unverified]), ""]
+    classes = no_starter_classes(results)
+    if classes:
+        lines += ["## Without a starter, by class", "", "Problems the offline policy could not start (the generator's "
+                  "class of failure, agent/kernels/inductor.py), with the first problem's reason.", "",
+                  markdown_table(["class", "problems", "count", "reason (first)"],
+                                 [[kind, ", ".join(p["problem"] for p in problems), len(problems),
+                                   problems[0]["reason"][:200]] for kind, problems in classes.items()]), ""]
     not_ok = [r for r in results if r["status"] in ("skipped", "failed")]
     if not_ok:
         lines += ["## Skipped and failed", "", markdown_table(
