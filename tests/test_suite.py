@@ -169,8 +169,8 @@ def test_starter_generations_side_by_side_fit_the_gpu_memory(tmp_path, monkeypat
     store, plan = _four_sources(tmp_path)
     events = []
     taken, _ = _take_all(store, plan, events)
-    assert len(events) == 4 and all(e["error"] == "fake" and not e["cached"] for e in events)
-    assert [entry["error"] for _, entry in taken] == ["fake"] * 4
+    assert len(events) == 4 and all(e["error"] == "other: fake" and not e["cached"] for e in events)
+    assert [entry["error"] for _, entry in taken] == ["other: fake"] * 4   # NoStarter leads its reason with a class
     assert max(most) == most_at_once
 
 

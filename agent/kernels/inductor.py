@@ -59,8 +59,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -106,7 +104,7 @@ def _th_welford(mean, m2, weight, dim):
 # Why a target has no starter, by class: the first pattern its reason matches (checked in order).
 FAILURE_CLASSES = (
     ("timeout", r"did not finish generating"),
-    ("generator_crash", r"^generating Inductor's Triton failed|^generation given up"),
+    ("generator_crash", r"^generating Inductor's Triton failed"),
     ("reference_fails", r"^the reference (fails|returns)"),
     ("graph_break", r"splits the reference into \d+ graphs"),
     ("graph_input", r"graph input the generator cannot rebuild"),
@@ -141,7 +139,7 @@ class NoStarter(Exception):
 
 
 class GenerationStopped(NoStarter):
-    """The generating child was killed (a stop, `give_up`, the kernel's OOM killer): nothing is known about the
+    """The generating child was killed (a stop, the kernel's OOM killer): nothing is known about the
     target, so it is generated again later rather than recorded as having no starter."""
 
 
@@ -188,11 +186,11 @@ def stop_generating() -> None:
 
 
 def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIMEOUT_S,
-             visible: str | None = None, give_up: threading.Event | None = None) -> Generated:
+             visible: str | None = None) -> Generated:
     """The standalone Inductor starter for a target (a built-in name or a KernelBench-style file), generated in a
     child process. small: generate at the target's CPU size (default: when there is no CUDA GPU); visible: the
-    CUDA_VISIBLE_DEVICES entry of the GPU to generate on (None: this process's); give_up: set, the child is killed
-    (GenerationStopped). NoStarter, with a one-line reason, when there is none."""
+    CUDA_VISIBLE_DEVICES entry of the GPU to generate on (None: this process's). NoStarter, with a one-line reason,
+    when there is none; GenerationStopped when the child was killed (stop_generating, the OOM killer)."""
     if small is None:
         from tools.inputs import DEVICE
         small = DEVICE.type != "cuda"
@@ -207,22 +205,13 @@ def generate(target_spec: str, small: bool | None = None, timeout_s: float = TIM
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           cwd=str(ROOT)) as child:
         _RUNNING.add(child)
-        deadline = time.monotonic() + timeout_s
         try:
-            while True:
-                try:  # in steps, to see give_up; communicate() may be called again after a timeout
-                    stdout, stderr = child.communicate(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-                    break
-                except subprocess.TimeoutExpired:
-                    if give_up is not None and give_up.is_set():
-                        child.kill()
-                        child.communicate()
-                        raise GenerationStopped("generation given up (a straggler)") from None
-                    if time.monotonic() >= deadline:
-                        child.kill()
-                        child.communicate()
-                        raise NoStarter(f"torch.compile did not finish generating Triton within {timeout_s:.0f} s") \
-                            from None
+            try:
+                stdout, stderr = child.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate()
+                raise NoStarter(f"torch.compile did not finish generating Triton within {timeout_s:.0f} s") from None
         finally:
             _RUNNING.discard(child)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
