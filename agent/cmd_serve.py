@@ -1,7 +1,6 @@
 """`kloop serve`: the evaluator as an HTTP service for RL trainers (agent/serve.py)."""
 from __future__ import annotations
 
-import os
 
 import typer
 
@@ -42,21 +41,11 @@ def serve_command(
 
 
 def _gpus(spec: str) -> list[str]:
-    """The GPUs' CUDA_VISIBLE_DEVICES entries, one per worker; indices count the GPUs this process sees."""
-    import torch
+    """The GPUs' CUDA_VISIBLE_DEVICES entries, one per worker; indices count the GPUs this process sees. Each worker
+    judges on its own GPU alone, so GPUs of different kinds may serve side by side."""
+    from sandbox.placement import PlacementError, parse_gpus, visible_entries
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        fail("--gpus needs a CUDA GPU and there is none here (leave it out to evaluate on CPU workers)")
-    if spec.strip() == "all":
-        found = list(range(count))
-    else:
-        try:
-            found = [int(x) for x in spec.split(",") if x.strip()]
-        except ValueError:
-            fail(f"--gpus {spec}: give all or GPU indices such as 0,1")
-        bad = [g for g in found if not 0 <= g < count]
-        if not found or bad or len(set(found)) != len(found):
-            fail(f"--gpus {spec}: this machine has GPUs 0 to {count - 1}; give each at most once")
-    visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return [visible[g] if g < len(visible) else str(g) for g in found]
+    try:
+        return visible_entries(parse_gpus(spec))
+    except PlacementError as e:
+        fail(str(e))

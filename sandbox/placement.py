@@ -33,10 +33,13 @@ def gpu_list(spec: str | None) -> list[str] | None:
     each); None: this process's own device. PlacementError for a GPU that is not there, or GPUs of different kinds
     (a plan compiled for one must run on the others)."""
     chosen = gpu_indices(spec)
-    if chosen is None:
-        return None
+    return None if chosen is None else visible_entries(chosen)
+
+
+def visible_entries(indices: list[int]) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries of GPUs given as indices of those this process sees."""
     visible = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return [visible[g] if g < len(visible) else str(g) for g in chosen]
+    return [visible[g] if g < len(visible) else str(g) for g in indices]
 
 
 def gpu_indices(spec: str | None) -> list[int] | None:
@@ -45,22 +48,29 @@ def gpu_indices(spec: str | None) -> list[int] | None:
         return None
     import torch
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise PlacementError("--gpus needs a CUDA GPU and there is none here (leave it out to evaluate on the CPU)")
-    if spec.strip() == "all":
-        chosen = list(range(count))
-    else:
-        try:
-            chosen = [int(x) for x in spec.split(",") if x.strip()]
-        except ValueError:
-            raise PlacementError(f"--gpus {spec}: give all or GPU indices such as 0,1") from None
-        if not chosen or any(not 0 <= g < count for g in chosen) or len(set(chosen)) != len(chosen):
-            raise PlacementError(f"--gpus {spec}: this machine has GPUs 0 to {count - 1}; give each at most once")
+    chosen = parse_gpus(spec)
     kinds = {(torch.cuda.get_device_properties(g).name, torch.cuda.get_device_capability(g)) for g in chosen}
     if len(kinds) > 1:
         raise PlacementError(f"--gpus {spec}: the GPUs differ ({', '.join(sorted(k[0] for k in kinds))}); give GPUs "
                              "of one kind (a kernel compiled for one runs on the others)")
+    return chosen
+
+
+def parse_gpus(spec: str) -> list[int]:
+    """--gpus ("all" or "0,1") as indices of GPUs this process sees, each at most once; PlacementError otherwise."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise PlacementError("--gpus needs a CUDA GPU and there is none here (leave it out to evaluate on the CPU)")
+    if spec.strip() == "all":
+        return list(range(count))
+    try:
+        chosen = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise PlacementError(f"--gpus {spec}: give all or GPU indices such as 0,1") from None
+    if not chosen or any(not 0 <= g < count for g in chosen) or len(set(chosen)) != len(chosen):
+        raise PlacementError(f"--gpus {spec}: this machine has GPUs 0 to {count - 1}; give each at most once")
     return chosen
 
 
