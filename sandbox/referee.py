@@ -270,7 +270,8 @@ class Referee:
         """Output i, outside either rule against the reference (tools/verify.py), judged against the reference
         computed in float64: no reasons when every element is within its tolerance of that, or no further from it
         than twice the reference there, or than verify.SENSITIVITY_FACTOR times the float32 reference's move under a
-        rounding step of its inputs (`_moved_output`), and the output's relative L2 distance from it is within the
+        rounding step of its inputs (`_moved_output`), or than twice the largest of either among its
+        verify.LOCAL_BLOCK neighbours, and the output's relative L2 distance from it is within the
         dtype's norm floor, verify.NORM_REFERENCE_FACTOR times the reference's own, or SENSITIVITY_FACTOR times the
         moved reference's (an ill-conditioned op: LayerNorm of values near 1); else the reasons, with the
         distances. Where float64 does not fit or does not run, they stand."""
@@ -285,8 +286,9 @@ class Referee:
             if bad:
                 found.append(f"{reasons[0]}; against the reference computed in float64, {bad} elements are further "
                              f"than their tolerance, twice the reference and {verify.SENSITIVITY_FACTOR:g} times its "
-                             f"move under a rounding step of the inputs (up to {own:.3g} tolerances off, the "
-                             f"reference {theirs:.3g})")
+                             f"move under a rounding step of the inputs, and twice the largest of those two among "
+                             f"their {verify.LOCAL_BLOCK} neighbours (up to {own:.3g} tolerances off, the reference "
+                             f"{theirs:.3g})")
         if stats.get("norm_off"):
             own, theirs = verify.norm_against_float64(out, ref, exact)
             # the op's own conditioning: how far rounding the inputs moves the reference, in the same measure
