@@ -613,6 +613,9 @@ def _language_path(value) -> str | None:
     if not (callable(value) and isinstance(module, str) and isinstance(name, str)
             and module.startswith("triton.language")):
         return None
+    for public in ("triton.language", "triton.language.math"):   # the modules the interpreter patches: tl.cast
+        if getattr(importlib.import_module(public), name, None) is value:   # lives in triton.language.core, which
+            return f"{public}.{name}"   # an interpreted kernel can leave patched (core.cast is then another object)
     try:
         if getattr(importlib.import_module(module), name, None) is not value:
             return None
@@ -620,9 +623,6 @@ def _language_path(value) -> str | None:
         return None
     if module.startswith("triton.language.extra") and module.endswith("libdevice"):
         module = "triton.language.extra.libdevice"   # the executor binds that one to its CPU libdevice
-    for public in ("triton.language", "triton.language.math"):   # the modules the interpreter patches: tl.cast
-        if getattr(importlib.import_module(public), name, None) is value:   # lives in triton.language.core
-            return f"{public}.{name}"
     return f"{module}.{name}"
 
 
