@@ -429,11 +429,13 @@ def _run(store, name, strategy, curve, best, gpu="NVIDIA H100 80GB HBM3"):
     run_id = store.create_run(target_name=name, policy="offline", settings={"strategy": strategy}, gpu_name=gpu,
                               driver="580.1" if gpu else None, cuda="13.0" if gpu else None,
                               versions={"torch": "2.11.0", "triton": "3.6.0"}, status="finished")
+    # the marker line of a starter with many kernels' settings, longer than any fixed prefix (level 2's reach 931)
+    marker = json.dumps({"template": f"inductor/{name}", "values": {f"K{k}_XBLOCK": 1024 for k in range(40)}})
     ids = []
     for verdict, eager, compiled, sol in curve:
         timed = gpu is not None and verdict == "correct"
         ids.append(store.add_attempt(
-            run_id, language="triton", source=f'# kloop-offline: {{"template": "inductor/{name}", "values": {{}}}}\n',
+            run_id, language="triton", source=f"# kloop-offline: {marker}\n",
             verdict=verdict, speedup_eager=eager if timed else None, speedup_compile=compiled if timed else None,
             sol_fraction=sol if timed else None, time_us={"median": 10.0} if timed else None,
             result={"baselines": {"eager": {"median": 10.0 * eager}, "compile": {"median": 10.0 * compiled}}}

@@ -74,7 +74,8 @@ def collect(store, rows: list[dict]) -> list[dict]:
                 "json_extract(time_us, '$.median') AS median, "
                 "json_extract(result, '$.baselines.eager.median') AS eager, "
                 "json_extract(result, '$.baselines.compile.median') AS compile, "
-                f"json_extract({reasons}, '$[0]') AS reason, substr(source, 1, 400) AS head FROM attempts "
+                f"json_extract({reasons}, '$[0]') AS reason, "
+                "substr(source, 1, instr(source || char(10), char(10)) - 1) AS head FROM attempts "
                 "WHERE run_id = ? ORDER BY number", [run_id]))
             usage = store.usage(run_id)
             result.update(attempts=len(attempts), correct_attempts=sum(a["verdict"] == "correct" for a in attempts),
