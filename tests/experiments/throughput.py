@@ -20,6 +20,7 @@ first run and the torch.compile baseline's autotuning) and, beside it, the rate 
 The last lines are a short table; the full report goes to OUT/throughput.json, every attempt's stages and waits to
 OUT/timeline.csv, the host's load every half second (busy cores, the driver process's cores, stopped planners) to
 OUT/host.csv, the run database to OUT/throughput.db.gz.
+tests/experiments/throughput_timeline.py draws OUT/timeline.csv: attempts over time and each candidate's device time.
 """
 from __future__ import annotations
 
