@@ -57,6 +57,25 @@ batch_size = 32
 hidden = 512
 """
 
+# nn.LayerNorm over rows: the reference of Liger's LayerNorm and of the tutorial's
+LAYER_NORM = ROWS + """
+class Model(nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden, eps=1e-5)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, hidden)]
+
+
+def get_init_inputs():
+    return [hidden]
+"""
+
 CASES = [
     Case("liger/rms_norm", "liger_kernel.ops.rms_norm", ("LigerRMSNormFunction",), """
 class ModelNew(torch.nn.Module):
@@ -93,23 +112,7 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, x):
         return LigerLayerNormFunction.apply(x, self.weight, self.bias, 1e-5)
-""", ROWS + """
-class Model(nn.Module):
-    def __init__(self, hidden):
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden, eps=1e-5)
-
-    def forward(self, x):
-        return self.norm(x)
-
-
-def get_inputs():
-    return [torch.randn(batch_size, hidden)]
-
-
-def get_init_inputs():
-    return [hidden]
-"""),
+""", LAYER_NORM),
     Case("liger/swiglu", "liger_kernel.ops.swiglu", ("LigerSiLUMulFunction",), """
 class ModelNew(torch.nn.Module):
     def forward(self, a, b):
@@ -336,23 +339,7 @@ class ModelNew(torch.nn.Module):
 
     def forward(self, x):
         return LayerNorm.apply(x, (x.shape[-1],), self.weight, self.bias, 1e-5)
-""", ROWS + """
-class Model(nn.Module):
-    def __init__(self, hidden):
-        super().__init__()
-        self.norm = nn.LayerNorm(hidden, eps=1e-5)
-
-    def forward(self, x):
-        return self.norm(x)
-
-
-def get_inputs():
-    return [torch.randn(batch_size, hidden)]
-
-
-def get_init_inputs():
-    return [hidden]
-"""),
+""", LAYER_NORM),
 ]
 
 

@@ -20,7 +20,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +146,9 @@ class Attempt:
         return dict(self.row)
 
 
-_PLAIN_ATTEMPT_FIELDS = ("id", "run_id", "number", "turn", "created_at", "language", "source", "source_hash",
-                         "reasoning", "verdict", "reasons", "speedup_eager", "speedup_compile", "sol_fraction",
-                         "diagnosis", "reflection", "durations", "parent_attempt_id", "parent_reason",
-                         "archive_cell", "island", "gpu", "withheld")
+# The fields a row holds as they are; from_row builds the others (branch: 0 for NULL)
+_PLAIN_ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt)
+                              if f.name not in ("branch", "time_us", "roofline", "result", "row"))
 
 
 def attempt_columns(result: EvalResult) -> dict:
