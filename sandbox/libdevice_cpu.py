@@ -259,9 +259,11 @@ def gpu_numerics() -> None:
     builder = interpreter.InterpreterBuilder
     if getattr(builder, "kloop_gpu_numerics", False):
         return
+    # an op this Triton's interpreter does not have (3.6 has no create_fneg) has nothing to wrap
+    present = [name for name in FLOAT_OPS + tuple(COMPARISONS) if hasattr(builder, f"create_{name}")]
     for name in COMPARISONS:   # typed int1 before the bf16 wrap, which then sees a boolean result
         setattr(builder, f"create_{name}", _typed_int1(getattr(builder, f"create_{name}")))
-    for name in FLOAT_OPS + tuple(COMPARISONS):
+    for name in present:
         setattr(builder, f"create_{name}", _bf16_in_fp32(getattr(builder, f"create_{name}")))
     builder.cast_impl = _cast(builder.cast_impl)
     builder.create_dot = _dot(builder.create_dot)

@@ -178,7 +178,10 @@ def test_triton_functions_a_module_names_travel_written_out_from_triton():
         "kloop_triton.language.cast(x, tl.float32)")
 
 
-def test_a_bare_assert_names_its_line_and_a_gpu_only_failure_says_so(tmp_path):
+def test_a_bare_assert_names_its_line_and_a_gpu_only_failure_says_so(tmp_path, monkeypatch):
+    import torch
+
+    from sandbox import planner
     from sandbox.planner import _said
 
     (tmp_path / "candidate.py").write_text("def forward(x):\n    assert x > 1\n")
@@ -187,8 +190,12 @@ def test_a_bare_assert_names_its_line_and_a_gpu_only_failure_says_so(tmp_path):
     with pytest.raises(AssertionError) as failed:
         namespace["forward"](0)
     assert _said(failed.value) == "AssertionError: `assert x > 1` failed (candidate line 2)"
+    monkeypatch.setattr(planner, "DEVICE", torch.device("cpu"))   # a planner on a GPU machine plans on the GPU
     gpu_only = _said(RuntimeError("Torch not compiled with CUDA enabled"))
     assert gpu_only.endswith("(planned under Triton's CPU interpreter, which cannot run this: it needs a GPU)")
+    monkeypatch.setattr(planner, "DEVICE", torch.device("cuda"))
+    assert _said(RuntimeError("Torch not compiled with CUDA enabled")) == \
+        "RuntimeError: Torch not compiled with CUDA enabled"
 
 
 # -- on a GPU: the emulation against the hardware it stands for ------------------------------------------------
