@@ -270,11 +270,12 @@ class Referee:
         """Output i, outside either rule against the reference (tools/verify.py), judged against the reference
         computed in float64: no reasons when every element is within its tolerance of that, or no further from it
         than twice the reference there, or than verify.SENSITIVITY_FACTOR times the float32 reference's move under a
-        rounding step of its inputs (`_moved_output`), or than twice the largest of either among its
-        verify.LOCAL_BLOCK neighbours, and the output's relative L2 distance from it is within the
-        dtype's norm floor, verify.NORM_REFERENCE_FACTOR times the reference's own, or SENSITIVITY_FACTOR times the
-        moved reference's (an ill-conditioned op: LayerNorm of values near 1); else the reasons, with the
-        distances. Where float64 does not fit or does not run, they stand."""
+        rounding step of its inputs and weights (`_moved_output`), or than twice the largest of either among its
+        verify.LOCAL_BLOCK neighbours, or the output is the reference's peer (verify.exchanged: as often beyond it as
+        the reverse), and the output's relative L2 distance from it is within the dtype's norm floor,
+        verify.NORM_REFERENCE_FACTOR times the reference's own, or SENSITIVITY_FACTOR times the moved reference's (an
+        ill-conditioned op: LayerNorm of values near 1); else the reasons, with the distances. Where float64 does
+        not fit or does not run, they stand."""
         exact = self._float64_output(shape, i, ref)
         if exact is None:
             return reasons
@@ -284,11 +285,16 @@ class Referee:
             bad, own, theirs = verify.against_float64(out, ref, exact, stats["atol"], stats["rtol"], moved)
             stats["float64"] = {"elements_off": bad, "tolerances_off": own, "reference_tolerances_off": theirs}
             if bad:
-                found.append(f"{reasons[0]}; against the reference computed in float64, {bad} elements are further "
-                             f"than their tolerance, twice the reference and {verify.SENSITIVITY_FACTOR:g} times its "
-                             f"move under a rounding step of the inputs, and twice the largest of those two among "
-                             f"their {verify.LOCAL_BLOCK} neighbours (up to {own:.3g} tolerances off, the reference "
-                             f"{theirs:.3g})")
+                beyond_out, beyond_ref = verify.exchanged(out, ref, exact, stats["atol"], stats["rtol"])
+                stats["float64"]["exchanged"] = [beyond_out, beyond_ref]
+                if not verify.a_peer_of_the_reference(beyond_out, beyond_ref, own, theirs, ref.numel()):
+                    found.append(f"{reasons[0]}; against the reference computed in float64, {bad} elements are "
+                                 f"further than their tolerance, twice the reference and "
+                                 f"{verify.SENSITIVITY_FACTOR:g} times its move under a rounding step of the inputs "
+                                 f"and weights, and twice the largest of those two among their {verify.LOCAL_BLOCK} "
+                                 f"neighbours (up to {own:.3g} tolerances off, the reference {theirs:.3g}); judged "
+                                 f"both ways, {beyond_out} of its elements are beyond the reference's noise and "
+                                 f"{beyond_ref} of the reference's beyond its")
         if stats.get("norm_off"):
             own, theirs = verify.norm_against_float64(out, ref, exact)
             # the op's own conditioning: how far rounding the inputs moves the reference, in the same measure
@@ -306,26 +312,31 @@ class Referee:
         return found
 
     def _moved_output(self, shape: str, i: int, ref: torch.Tensor) -> torch.Tensor | None:
-        """Output i of the reference (a copy: its buffers stay as they were) on the shape's inputs, each
-        floating-point element moved by one rounding step, up or down at random (a fixed seed): how far rounding
-        alone moves that output. Inputs of whole numbers (labels, counts, masks as floats) stay: a step down would
-        change what they mean. None where it does not fit or does not run."""
+        """Output i of a copy of the reference (its own buffers stay as they were) with every floating-point element
+        of the shape's inputs and of the copy's parameters and buffers moved by one rounding step, up or down at
+        random (a fixed seed): how far rounding alone moves that output. The weights move too: where a bias
+        dwarfs its layer's product (a convolution's on small inputs, then InstanceNorm), a step of the inputs
+        changes no rounding after the bias is added, while an honest kernel adding it in another order rounds
+        differently. Tensors of whole numbers (labels, counts, masks as floats) stay: a step down would change what
+        they mean. None where it does not fit or does not run."""
         inputs = self.held[shape][1]
-        moving = {id(x): x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point() and not _whole(x)}
-        if not moving:
+        moving = {id(x): x for x in inputs if _steppable(x)}
+        model = self.models[shape]
+        if not moving and not any(_steppable(t) for t in itertools.chain(model.parameters(), model.buffers())):
             return None
 
         def run():
-            generator = torch.Generator(device=next(iter(moving.values())).device).manual_seed(MOVED_SEED)
-            moved = []
-            for x in inputs:
-                if id(x) in moving:
-                    step = torch.empty_like(x).bernoulli_(0.5, generator=generator).mul_(2).sub_(1)
-                    x = step.mul_(torch.finfo(x.dtype).eps).add_(1).mul_(x)
-                moved.append(x)
-            return copy.deepcopy(self.models[shape])(*moved)
+            generator = torch.Generator(device=ref.device).manual_seed(MOVED_SEED)
+            moved = [_stepped(x, generator) if id(x) in moving else x for x in inputs]
+            copied = copy.deepcopy(model)
+            for t in itertools.chain(copied.parameters(), copied.buffers()):
+                if _steppable(t):
+                    t.data = _stepped(t.data, generator)
+            return copied(*moved)
 
-        need = sum(x.numel() * x.element_size() for x in moving.values()) + 2 * ref.numel() * ref.element_size()
+        weights_bytes = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+        need = sum(x.numel() * x.element_size() for x in moving.values()) + weights_bytes + \
+            2 * ref.numel() * ref.element_size()
         return self._another_run(shape, i, ref, need, run)
 
     def _float64_output(self, shape: str, i: int, ref: torch.Tensor) -> torch.Tensor | None:
@@ -453,6 +464,17 @@ def _any_finite(t: torch.Tensor) -> bool:
 def _whole(x: torch.Tensor) -> bool:
     """Every element a whole number (or not finite), a slice at a time."""
     return all(torch.equal(part, part.round()) for part in x.reshape(-1).split(verify.CHUNK))
+
+
+def _steppable(x) -> bool:
+    """A tensor `_moved_output` moves: floating point, not all whole numbers."""
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 0 and not _whole(x)
+
+
+def _stepped(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """x with each element one rounding step up or down, at random."""
+    step = torch.empty(x.shape, dtype=x.dtype, device=generator.device).bernoulli_(0.5, generator=generator)
+    return step.mul_(2).sub_(1).mul_(torch.finfo(x.dtype).eps).add_(1).to(x.device).mul_(x)
 
 
 COMMANDS = ("shape", "forget", "release", "expect", "check", "time", "roofline_counts", "gpu")

@@ -768,25 +768,30 @@ def test_a_closed_session_starts_no_executor_or_referee():
     assert device.referee_starts == 0 and device._executor is None and device._referee is None
 
 
-def test_the_referees_moved_reference_steps_fractional_inputs_only_and_leaves_its_model_alone():
+def test_the_referees_moved_reference_steps_fractional_inputs_and_weights_and_leaves_its_model_alone():
     import torch
 
     from sandbox import referee
 
     source = ("import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-              "        self.bn = torch.nn.BatchNorm1d(64)\n    def forward(self, x, labels):\n"
-              "        return self.bn(x).sum(1), labels * 3\n"
+              "        self.bn = torch.nn.BatchNorm1d(64)\n        self.bias = torch.nn.Parameter(torch.full((64,), 0.3))\n"
+              "    def forward(self, x, labels):\n"
+              "        return self.bn(x).sum(1), labels * 3, self.bias + labels[:, None] * 0\n"
               "def get_inputs():\n    return [torch.randn(32, 64), torch.randint(0, 5, (32,)).float()]\n"
               "def get_init_inputs():\n    return []\n")
     ref = referee.Referee()
     ref.shape("main", source, {}, 3)
-    summed, labels = ref._expected("main", 11)
-    running = ref.models["main"].bn.running_mean.clone()
+    summed, labels, biased = ref._expected("main", 11)
+    running, bias = ref.models["main"].bn.running_mean.clone(), ref.models["main"].bias.detach().clone()
     moved = ref._moved_output("main", 0, summed)
     # one rounding step of x moves a 64-term sum by a few of its ulps; the labels (whole numbers) never move
     assert moved.shape == summed.shape and moved.dtype == summed.dtype and 0 < (moved - summed).abs().max() < 1e-4
     assert torch.equal(ref._moved_output("main", 1, labels), labels)
-    assert torch.equal(ref.models["main"].bn.running_mean, running)   # a copy ran: BatchNorm's statistics stay
+    # a weight moves by one rounding step too, each element up or down (BatchNorm's weight of ones stays: whole)
+    steps = (ref._moved_output("main", 2, biased) - biased) / (0.3 * torch.finfo(torch.float32).eps)
+    assert set(steps.round().unique().tolist()) == {-1.0, 1.0}
+    # a copy ran: BatchNorm's statistics and the weights stay
+    assert torch.equal(ref.models["main"].bn.running_mean, running) and torch.equal(ref.models["main"].bias, bias)
 
 
 def test_the_referee_warms_up_its_flop_count_and_torch_compile_and_survives_their_failure(monkeypatch):

@@ -176,7 +176,7 @@ def test_a_sum_that_cancels_allows_any_summation_order_but_not_lower_precision(m
     moved = reference(step.mul_(torch.finfo(x.dtype).eps).add_(1).mul_(x))
     reordered = x @ w.sum(0, keepdim=True).T / 2 * 1.5
     reasons, stats = verify.compare(reordered, ref)
-    assert reasons and stats["mismatches"] == 2
+    assert stats["mismatches"] <= 2   # 2 with torch 2.13's CPU matmul; another BLAS rounds elsewhere (2.11's: 0)
     assert verify.against_float64(reordered, ref, exact, stats["atol"], stats["rtol"], moved)[0] == 0
     # without the move too: the reference's own distances among the element's neighbours cover it
     assert verify.against_float64(reordered, ref, exact, stats["atol"], stats["rtol"])[0] == 0
@@ -184,8 +184,9 @@ def test_a_sum_that_cancels_allows_any_summation_order_but_not_lower_precision(m
     tf32_stats = verify.compare(tf32, ref)[1]
     bad, own, _ = verify.against_float64(tf32, ref, exact, tf32_stats["atol"], tf32_stats["rtol"], moved)
     assert bad > 100 and own > 100
-    monkeypatch.setattr(verify, "LOCAL_BLOCK", 1)   # the element's own distances alone: without the move, refused
-    assert verify.against_float64(reordered, ref, exact, stats["atol"], stats["rtol"])[0] == 1
+    if stats["mismatches"] == 2:   # the rounding of torch 2.13's CPU matmul, where the reference is lucky once
+        monkeypatch.setattr(verify, "LOCAL_BLOCK", 1)   # the element's own distances alone: without the move, refused
+        assert verify.against_float64(reordered, ref, exact, stats["atol"], stats["rtol"])[0] == 1
 
 
 # -- the fused first pass (one Triton kernel on a GPU; here under Triton's interpreter) ------------------------------
@@ -261,3 +262,33 @@ def test_a_masked_family_leaves_out_elements_near_overflow():
     wrong = fine.clone()
     wrong[0, 0] = 5.0                                        # a wrong element in a row that never overflows
     assert verify.compare(wrong, fine, masked=True)[0]
+
+
+def test_an_output_beyond_the_reference_as_often_as_the_reverse_is_its_peer():
+    # InstanceNorm of a convolution on small inputs (level 2's 17): each channel's mean rounds once, so the reference
+    # and an honest kernel are each off by one draw of noise per channel of 4096 elements, and where the reference's
+    # draw is small by luck, all 4096 of the kernel's are beyond it. As many of the reference's are beyond the kernel's.
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(512, 4096, generator=g, dtype=torch.float64)
+
+    def noisy(scale: float) -> torch.Tensor:
+        per_channel = torch.randn(512, 1, generator=g, dtype=torch.float64) * 3e-4 * scale
+        return (exact + per_channel + torch.randn(512, 4096, generator=g, dtype=torch.float64) * 1e-6).float()
+
+    ref, honest, coarse = noisy(1), noisy(1), noisy(4)
+    atol, rtol = 1e-5, 1e-4
+    bad, own, theirs = verify.against_float64(honest, ref, exact, atol, rtol)
+    beyond_out, beyond_ref = verify.exchanged(honest, ref, exact, atol, rtol)
+    assert bad > 100_000 and 0.5 < beyond_out / beyond_ref < 2
+    assert verify.a_peer_of_the_reference(beyond_out, beyond_ref, own, theirs, exact.numel())
+    # four times the noise: beyond the reference far more often than the reverse
+    bad, own, theirs = verify.against_float64(coarse, ref, exact, atol, rtol)
+    beyond_out, beyond_ref = verify.exchanged(coarse, ref, exact, atol, rtol)
+    assert beyond_out > 4 * beyond_ref and not verify.a_peer_of_the_reference(beyond_out, beyond_ref, own, theirs,
+                                                                                   exact.numel())
+    # one element off among honest ones: its worst is many times the reference's worst
+    wrong = honest.clone()
+    wrong[7, 99] += 0.05
+    bad, own, theirs = verify.against_float64(wrong, ref, exact, atol, rtol)
+    assert own > 10 * theirs and not verify.a_peer_of_the_reference(*verify.exchanged(wrong, ref, exact, atol, rtol),
+                                                                    own, theirs, exact.numel())
