@@ -147,10 +147,11 @@ class SuiteView:
                 outcome = f"{event['status']}: {event['reason']}"
             elif best is None:
                 outcome = "no verified kernel"
-            elif best["timed"]:
-                outcome = (f"verified (attempt {best['number']}): {best['speedup_eager']:.2f}x eager, "
-                           f"{best['speedup_compile']:.2f}x torch.compile" if best["speedup_compile"] else
-                           f"verified (attempt {best['number']}): {best['speedup_eager']:.2f}x eager")
+            elif best["timed"]:   # a degenerate target's kernel (its output constant) gets no speedup
+                speedups = [f"{best[key]:.2f}x {name}" for key, name in (("speedup_eager", "eager"),
+                                                                         ("speedup_compile", "torch.compile"))
+                            if best[key] is not None]
+                outcome = f"verified (attempt {best['number']}): {', '.join(speedups) or 'no speedup recorded'}"
             else:
                 outcome = f"verified (attempt {best['number']}; untimed: no GPU)"
             line(f"  -> {event['problem']}: {outcome}")

@@ -559,3 +559,19 @@ def test_a_suite_line_says_time_spent_and_left(monkeypatch):
     first, _, second = out.getvalue().splitlines()
     assert first.endswith("| fast_1 untimed | 2 min elapsed")
     assert second.endswith("| fast_1 untimed | 5 min elapsed, ~10 min left")
+
+
+def test_a_suite_line_says_which_speedups_a_verified_kernel_has(monkeypatch):
+    # a timed best kernel without a speedup (a degenerate target: level 2's 80 outputs zeros) stopped a suite
+    from agent import cmd_suite
+
+    out = io.StringIO()
+    monkeypatch.setattr(cmd_suite, "console", Output(file=out))
+    view = cmd_suite.SuiteView(type("Plan", (), {"max_attempts": 3}), clock=lambda: 0.0)
+    for eager, compiled in ((1.5, 0.75), (None, 0.75), (None, None)):
+        best = {"number": 2, "timed": True, "speedup_eager": eager, "speedup_compile": compiled, "sol_fraction": None}
+        view({"kind": "problem_done", "problem": "level2/17_op.py", "best": best, "status": "done"})
+    assert [line.strip() for line in out.getvalue().splitlines()] == [
+        "-> level2/17_op.py: verified (attempt 2): 1.50x eager, 0.75x torch.compile",
+        "-> level2/17_op.py: verified (attempt 2): 0.75x torch.compile",
+        "-> level2/17_op.py: verified (attempt 2): no speedup recorded"]
