@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import re
+import sqlite3
 import sys
 import threading
 import time
@@ -433,8 +434,10 @@ class StarterPool:
     are ready. Each comes from the starter cache (agent/kernels/starter_cache.py) where it is there: no generation;
     the others are generated in the background, in plan order, by `plan.jobs` threads per lane (`gpus`: each lane's
     GPU, the threads spread over them), each driving a warm generating child of its own
-    (agent/kernels/warm_generator.py: the imports and Inductor's set-up paid once), each starter kept in the cache as
-    it arrives and handed to the lane that takes its problem (which writes it to its run database). On a GPU,
+    (agent/kernels/warm_generator.py: the imports and Inductor's set-up paid once), each starter kept in the cache and
+    in the run database as it arrives (a suite stopped and resumed on another machine, whose cache is gone, generates
+    only those that had not arrived: 65 starters were generated twice in level 2's second call before) and handed to
+    the lane that takes its problem. On a GPU,
     generations side by side hold at most GENERATION_MEMORY_SHARE of its free memory (each its reference's
     full-size inputs and outputs, three times, and weights: a level-1 ReLU moves 12.8 GB), and one that ran out of
     memory beside others is generated again alone. A generating child is listed as a user of its GPU
@@ -447,6 +450,8 @@ class StarterPool:
 
         self.cache = cache
         self._on_event = on_event
+        self._store, self._owner = store, threading.get_ident()
+        self._connections = threading.local()   # each generating thread writes through a connection of its own
         self._cond = threading.Condition()
         self._waits: dict[tuple[Problem, str], str] = {}   # item -> the source sha256 whose starter it waits for
         self._ready: dict[str, dict | None] = {}          # sha -> its entry (None: nothing kept, the run makes one)
@@ -523,6 +528,8 @@ class StarterPool:
                 self._generate(generator, sha, problem, gpu)
         finally:
             generator.close()
+            if getattr(self._connections, "store", self._store) is not self._store:
+                self._connections.store.close()
 
     def _generate(self, generator, sha: str, problem: Problem, gpu: int | None) -> None:
         from agent.kernels import inductor
@@ -569,6 +576,8 @@ class StarterPool:
             self._arrived(sha, problem, entry, cached=False, kept=kept)
 
     def _arrived(self, sha: str, problem: Problem, entry: dict, cached: bool, kept: bool = True) -> None:
+        if kept:
+            self._keep(sha, entry)
         with self._cond:
             self._ready[sha] = {"target_sha256": sha, "starter": entry["starter"], "error": entry["error"],
                                 "seconds": entry.get("seconds")} if kept else None
@@ -578,6 +587,20 @@ class StarterPool:
         self._event({"kind": "starter", "problem": problem.key, "done": done, "total": self.total,
                      "ok": entry["starter"] is not None, "cached": cached, "error": entry["error"],
                      "seconds": entry.get("seconds") or 0.0})
+
+    def _keep(self, sha: str, entry: dict) -> None:
+        """The entry in the run database, where a resumed suite finds it. Where that write fails (the database
+        busy past its timeout), the lane taking the problem writes it."""
+        from tools.records.store import StoreError
+
+        try:
+            if not hasattr(self._connections, "store"):
+                self._connections.store = self._store if threading.get_ident() == self._owner else \
+                    open_db(self._store.path)
+            keep_starter(self._connections.store, sha, {"starter": entry["starter"], "error": entry["error"],
+                                                        "seconds": entry.get("seconds")})
+        except (StoreError, sqlite3.Error):
+            pass
 
     def _event(self, event: dict) -> None:
         try:
