@@ -69,3 +69,46 @@ def test_a_warm_child_on_a_gpu_is_listed_as_its_user_and_generates_alike_twice()
         assert (first.kernels, first.tunables) == (second.kernels, second.tunables)
     finally:
         generator.close()
+
+
+FLAKY_CHILD = '''import json, sys
+served = 0
+for line in sys.stdin:
+    target = json.loads(line)["target"]
+    served += 1
+    if target == "flaky" and served > 1 or target == "broken":
+        reply = {"error": "torch.compile could not generate code for the reference: InductorError: AssertionError"}
+    else:
+        reply = {"source": f"# {target} by child {served}", "tunables": {}, "defaults": {}, "notes": ""}
+    print("kloop-starter " + json.dumps(reply), flush=True)
+'''
+
+
+def test_inductors_own_failure_in_a_used_child_is_tried_again_in_a_fresh_one(tmp_path, monkeypatch):
+    # A child that fails "flaky" only after it generated something else (Inductor's state outliving a generation),
+    # and "broken" always: the first is generated in a fresh child, the second fails there too (tried twice).
+    import subprocess
+    import sys
+
+    (tmp_path / "child.py").write_text(FLAKY_CHILD)
+    starts = []
+
+    def start(self):
+        starts.append(1)
+        self._stderr = open(tmp_path / "stderr", "wb")
+        self._child = subprocess.Popen([sys.executable, str(tmp_path / "child.py")], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=self._stderr)
+        self._buffer, self._served = b"", 0
+        return self._child
+
+    monkeypatch.setattr(WarmGenerator, "_start", start)
+    generator = WarmGenerator(small=True)
+    try:
+        assert generator.generate("vector_add").source == "# vector_add by child 1"
+        assert generator.generate("flaky").source == "# flaky by child 1"   # the fresh child's first
+        assert len(starts) == 2
+        with pytest.raises(inductor.NoStarter) as failed:
+            generator.generate("broken")
+        assert failed.value.kind == "compile_error" and len(starts) == 3   # the fresh child's failure stands
+    finally:
+        generator.close()

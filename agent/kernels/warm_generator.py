@@ -7,7 +7,11 @@ first use); one warm child took 24 s for the first and 3.6-8.3 s for each of the
 
 The child keeps what inductor.generate's child keeps apart from the loop (Dynamo's and Inductor's global state, a
 crash or a hang); each generation resets Dynamo (inductor.capture) and frees the GPU's cached memory after. A child
-that dies, hangs past the timeout or is stopped is killed and the next generation starts another.
+that dies, hangs past the timeout or is stopped is killed and the next generation starts another. Some of Inductor's
+state outlives the reset: in a process that had generated before, GEMM problems failed ("CachingAutotuner object has
+no attribute 'future'", "no valid choice") that a fresh process generated, and level 2's 92 failed with an
+InductorError in one suite's warm child and was generated in the next suite's. So a failure of Inductor's own
+(FRESH_CHILD_RETRIES) in a child that has generated before is tried once more in a fresh child.
 
     generator = WarmGenerator(visible="0")                  # no process yet
     generated = generator.generate("kernelbench/level1/19_ReLU.py")   # NoStarter / GenerationStopped as generate()
@@ -27,6 +31,8 @@ from typing import Callable
 from agent.kernels import inductor
 
 MARK = "kloop-starter "   # a reply line; anything else the generation prints goes to stderr
+# failure classes (inductor.FAILURE_CLASSES) that an earlier generation's state in the child may have caused
+FRESH_CHILD_RETRIES = ("compile_error", "no_template", "generator_crash", "other")
 
 
 class WarmGenerator:
@@ -44,6 +50,7 @@ class WarmGenerator:
         self._child: subprocess.Popen | None = None
         self._stderr = None
         self._buffer = b""
+        self._served = 0   # replies of the current child
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1" if self.small else "0")}
@@ -57,6 +64,7 @@ class WarmGenerator:
         self._child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                        env=env, cwd=str(inductor.ROOT))
         self._buffer = b""
+        self._served = 0
         inductor._RUNNING.add(self._child)   # inductor.stop_generating() kills it too
         if self.started is not None:
             self.started(self._child)
@@ -86,8 +94,13 @@ class WarmGenerator:
                 self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         reply = json.loads(line.decode()[len(MARK):])
+        self._served += 1
         if "error" in reply:
-            raise inductor.NoStarter(reply["error"])
+            failure = inductor.NoStarter(reply["error"])
+            if self._served > 1 and failure.kind in FRESH_CHILD_RETRIES:   # once: a fresh child has served nothing
+                self.close()
+                return self.generate(target_spec)
+            raise failure
         return inductor.Generated.from_dict(reply)
 
     def _failed(self):
