@@ -252,10 +252,29 @@ COMPARISONS = [f"icmp{c}" for c in ("SLE", "SLT", "SGE", "SGT", "ULE", "ULT", "U
     [f"fcmp{o}{c}" for o in "OU" for c in ("LT", "GT", "LE", "GE", "EQ", "NE")]
 
 
+def interpreter_compat() -> None:
+    """Triton's interpreter, in this process, taking a one-element block as an index as Triton 3.9's does (the
+    tutorials' persistent loop `tl.range(tl.program_id(0), n_rows, tl.num_programs(0))`): Triton 3.6's takes int()
+    of a 1-d array, which NumPy 2 refuses, so an honest kernel that a GPU runs failed on the CPU."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "kloop_index", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patched.kloop_index = True
+    interpreter._patch_lang_tensor = patched
+
+
 def gpu_numerics() -> None:
     """Patch Triton's interpreter in this process (the interpreter executor's) to compute as compiled Triton."""
     from triton.runtime import interpreter
 
+    interpreter_compat()
     builder = interpreter.InterpreterBuilder
     if getattr(builder, "kloop_gpu_numerics", False):
         return

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import triton  # noqa: F401  (imported while warm, so a candidate's first import costs nothing)
 
-from sandbox import cuda_probes
+from sandbox import cuda_probes, libdevice_cpu
 from sandbox import plan as planfmt
 from sandbox import record
 from tools import weights
@@ -51,6 +51,7 @@ class Planner:
         _mark_compiling(self)
         if DEVICE.type == "cpu":  # the candidate plans as it would on a GPU (sandbox/cuda_probes.py)
             cuda_probes.install()
+            libdevice_cpu.interpreter_compat()
         spec = importlib.util.spec_from_file_location("candidate", candidate)
         module = importlib.util.module_from_spec(spec)
         sys.modules["candidate"] = module

@@ -59,6 +59,12 @@ def rows(x_ptr, out_ptr, n_rows, n_cols, eps, big, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * n_cols + cols, (x + eps.to(tl.float32)).to(tl.bfloat16), mask=mask)
 
 @triton.jit
+def persistent(x_ptr, out_ptr, n_rows, BLOCK: tl.constexpr):
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0)):   # the tutorials' persistent loop
+        cols = tl.arange(0, BLOCK)
+        tl.store(out_ptr + row * BLOCK + cols, tl.load(x_ptr + row * BLOCK + cols) * 2)
+
+@triton.jit
 def dot(a_ptr, b_ptr, c_ptr, M: tl.constexpr):
     r = tl.arange(0, M)
     tile = r[:, None] * M + r[None, :]
@@ -78,6 +84,9 @@ for dtype in (torch.bfloat16, torch.float32):
     cut = lambda t: (t.float().view(torch.int32) & -8192).view(torch.float32) if dtype == torch.float32 else t.float()
     print(dtype, (c.double() - cut(a).double() @ cut(b).double()).abs().max().item() < 1e-4,
           (c.double() - a.double() @ b.double()).abs().max().item() > 1e-3)
+a, o = torch.randn(7, 8), torch.empty(7, 8)
+persistent[(3,)](a, o, 7, BLOCK=8)
+print("persistent loop", torch.equal(o, a * 2))
 """
 
 
@@ -97,8 +106,10 @@ def test_cuda_probes_answer_as_one_h100_and_allocations_stay_on_the_cpu(printed)
 
 def test_the_interpreter_computes_as_compiled_triton(printed):
     """bf16 values, not bit patterns; fp32 and int64 scalars; a scalar & block mask; bf16 dots exact in fp32, fp32 dots at
-    tf32 (the low 13 mantissa bits dropped)."""
-    assert printed[4:9] == ["True True", "True", "torch.bfloat16 True False", "torch.float32 True True", ""]
+    tf32 (the low 13 mantissa bits dropped); a program id as a loop's start (Triton 3.6's interpreter alone refused
+    it: sandbox/libdevice_cpu.interpreter_compat)."""
+    assert printed[4:10] == ["True True", "True", "torch.bfloat16 True False", "torch.float32 True True",
+                             "persistent loop True", ""]
 
 
 def _fast(name, *xs):
