@@ -78,7 +78,9 @@ def compare(old: Attempt, new: Attempt, same_gpu: bool = True) -> list[str]:
 
 def _first_reason(attempt: Attempt) -> str:
     reasons = attempt.reasons or []
-    return (reasons[0] if reasons else "no reason given")[:300]
+    if not reasons:
+        return "passes every check" if attempt.verdict == "correct" else "no reason given"
+    return reasons[0][:300]
 
 
 def _target_from_source(run: dict, directory: Path):

@@ -271,3 +271,11 @@ def test_reverify_times_on_gpu(tmp_path):
     console = Console(width=200, record=True)
     console.print(comparison_table(outcome))
     assert NOT_TIMED not in console.export_text()
+
+
+def test_reverify_names_a_flip_to_correct_by_the_checks_that_credit_it():
+    old = Attempt.from_row({"id": 1, "run_id": "r", "number": 1, "verdict": "incorrect", "result": {"checks": 2},
+                            "reasons": ["timed call 12: output 0: 84790061 of 260112384 elements outside ..."]})
+    new = Attempt.from_row({"id": 1, "run_id": "r", "number": 1, "verdict": "correct", "result": {"checks": 3},
+                            "time_us": timing(10.0)})
+    assert compare(old, new)[0] == "verdict incorrect -> correct (checks v2 -> v3: passes every check)"
