@@ -435,14 +435,14 @@ class StarterPool:
     the others are generated in the background, in plan order, by `plan.jobs` threads per lane (`gpus`: each lane's
     GPU, the threads spread over them), each driving a warm generating child of its own
     (agent/kernels/warm_generator.py: the imports and Inductor's set-up paid once), each starter kept in the cache and
-    in the run database as it arrives (a suite stopped and resumed on another machine, whose cache is gone, generates
-    only those that had not arrived: 65 starters were generated twice in level 2's second call before) and handed to
-    the lane that takes its problem. On a GPU,
-    generations side by side hold at most GENERATION_MEMORY_SHARE of its free memory (each its reference's
-    full-size inputs and outputs, three times, and weights: a level-1 ReLU moves 12.8 GB), and one that ran out of
-    memory beside others is generated again alone. A generating child is listed as a user of its GPU
-    (sandbox/pool.py), so a lane timing a kernel there stops it meanwhile, as it stops planners. `hits` and `misses`
-    count the starters found in the cache and those to generate."""
+    in the run database as it arrives, and handed to the lane that takes its problem. (A suite resumed on another
+    machine, without the cache, generates only the starters that had not arrived; when the database got them only as
+    lanes took them, level 2's second call on a fresh node generated 65 again.) On a GPU, generations side by side
+    hold at most GENERATION_MEMORY_SHARE of its free memory (each its reference's full-size inputs and outputs, three
+    times, and weights: a level-1 ReLU moves 12.8 GB), and one that ran out of memory beside others is generated
+    again alone. A generating child is listed as a user of its GPU (sandbox/pool.py), so a lane timing a kernel there
+    stops it meanwhile, as it stops planners. `hits` and `misses` count the starters found in the cache and those to
+    generate."""
 
     def __init__(self, store: Store, plan: SuitePlan, on_event: Callable[[dict], None],
                  items: list[tuple[Problem, str]], gpus: list[int | None] | None = None, cache=None) -> None:
