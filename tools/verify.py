@@ -388,12 +388,7 @@ def against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, a
     bad = torch.zeros((), dtype=torch.int64, device=ref.device)
     own = torch.zeros((), dtype=torch.float64, device=ref.device)
     theirs = torch.zeros((), dtype=torch.float64, device=ref.device)
-    for start, stop in _slices(tuple(ref.shape)):
-        o, r = _rows(out, start, stop).double(), _rows(ref, start, stop).double()
-        e = _rows(exact, start, stop).to(device=ref.device, dtype=torch.float64)
-        finite = torch.isfinite(o) & torch.isfinite(r) & torch.isfinite(e)
-        tol = e.abs().mul_(rtol).add_(atol)
-        d_own, d_ref = (o - e).abs_().masked_fill_(~finite, 0.0), (r - e).abs_().masked_fill_(~finite, 0.0)
+    for (start, stop), r, tol, d_own, d_ref in _float64_distances(out, ref, exact, atol, rtol):
         allowed = torch.maximum(tol, 2 * d_ref)
         noise = d_ref   # the reference's rounding noise at each element: its error and its move
         if moved is not None:
@@ -405,7 +400,7 @@ def against_float64(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, a
         bad += _beyond_local(d_own, allowed, noise)
         own = torch.maximum(own, (d_own / tol).max()) if d_own.numel() else own
         theirs = torch.maximum(theirs, (d_ref / tol).max()) if d_ref.numel() else theirs
-        del o, r, e, finite, tol, d_own, d_ref, allowed, noise
+        del r, tol, d_own, d_ref, allowed, noise
     return int(bad), float(own), float(theirs)
 
 
@@ -416,16 +411,24 @@ def exchanged(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, atol: f
     their LOCAL_BLOCK neighbours; and how many of the reference's are so beyond the output."""
     beyond_out = torch.zeros((), dtype=torch.int64, device=ref.device)
     beyond_ref = torch.zeros((), dtype=torch.int64, device=ref.device)
+    for _, _, tol, d_out, d_ref in _float64_distances(out, ref, exact, atol, rtol):
+        beyond_out += _beyond_local(d_out, torch.maximum(tol, 2 * d_ref), d_ref)
+        beyond_ref += _beyond_local(d_ref, torch.maximum(tol, 2 * d_out), d_out)
+        del tol, d_out, d_ref
+    return int(beyond_out), int(beyond_ref)
+
+
+def _float64_distances(out: torch.Tensor, ref: torch.Tensor, exact: torch.Tensor, atol: float, rtol: float):
+    """Per slice of rows: ((start, stop), the reference in float64, each element's tolerance, the output's and the
+    reference's distances from the float64 truth (0 where any of the three is not finite))."""
     for start, stop in _slices(tuple(ref.shape)):
         o, r = _rows(out, start, stop).double(), _rows(ref, start, stop).double()
         e = _rows(exact, start, stop).to(device=ref.device, dtype=torch.float64)
         finite = torch.isfinite(o) & torch.isfinite(r) & torch.isfinite(e)
         tol = e.abs().mul_(rtol).add_(atol)
         d_out, d_ref = (o - e).abs_().masked_fill_(~finite, 0.0), (r - e).abs_().masked_fill_(~finite, 0.0)
-        beyond_out += _beyond_local(d_out, torch.maximum(tol, 2 * d_ref), d_ref)
-        beyond_ref += _beyond_local(d_ref, torch.maximum(tol, 2 * d_out), d_out)
-        del o, r, e, finite, tol, d_out, d_ref
-    return int(beyond_out), int(beyond_ref)
+        del o, e, finite
+        yield (start, stop), r, tol, d_out, d_ref
 
 
 def a_peer_of_the_reference(beyond_out: int, beyond_ref: int, own: float, theirs: float, elements: int) -> bool:
