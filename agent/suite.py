@@ -29,7 +29,8 @@ its GPU to a lane still running, so the last problems' attempts spread over ever
 A problem's run is recorded as `running` before its loop starts, so after `kill -9` the next call resumes that run
 (agent.run.resume: at most the attempt in flight is lost); Ctrl-C marks it `stopped` (resumed the same way) and
 re-raises. A problem that cannot run (its reference fails, no starter, a file that is no KernelBench module) is
-`skipped` with its one-line reason; a run that fails (RunFailed) is `failed` and tried again by the next call.
+`skipped` with its one-line reason (one skipped for want of a starter runs again once the starter generator,
+the device kind or torch changed); a run that fails (RunFailed) is `failed` and tried again by the next call.
 Neither stops the suite. Nothing here prints: progress goes to `on_event` as dicts (kinds: starters (cache hits
 and misses), starter, starter_later, problem, problem_done, and the loop's own events).
 """
@@ -328,7 +329,9 @@ def device_kind() -> tuple[str, str]:
 
 
 # The modules whose code makes a starter: a starter another version of them made is made again.
-GENERATOR_MODULES = ("inductor.py", "inductor_conv.py", "inductor_gemm.py", "inductor_rnn.py", "starter_tune.py")
+# warm_generator.py among them: how a warm child is retried decides whether a failure is the problem's or the child's
+GENERATOR_MODULES = ("inductor.py", "inductor_conv.py", "inductor_gemm.py", "inductor_rnn.py", "starter_tune.py",
+                     "warm_generator.py")
 
 
 @functools.cache
@@ -424,9 +427,23 @@ def starter_needed(store: Store, plan: SuitePlan, problem: Problem, strategy: st
         return None
     sha = source_sha256(problem.path)
     row = problem_row(store, plan.settings_key(strategy), problem, sha)
-    if (row is None or row["status"] not in ("done", "skipped")) and cached_starter(store, sha) is None:
+    if not finished(store, row) and cached_starter(store, sha) is None:
         return sha
     return None
+
+
+def finished(store: Store, row: dict | None) -> bool:
+    """Whether a problem's row needs no more work: done, or skipped for a reason that still holds. A problem skipped
+    for want of a starter runs again once that verdict is no longer current (the generator, the device kind or torch
+    changed): a fixed generator retries what it could not start."""
+    from agent.policies.offline import NO_STARTER_PREFIX
+
+    if row is None or row["status"] not in ("done", "skipped"):
+        return False
+    if row["status"] == "skipped" and (row["reason"] or "").startswith(NO_STARTER_PREFIX):
+        cached = cached_starter(store, row["target_sha256"])
+        return cached is not None and cached["starter"] is None
+    return True
 
 
 class StarterPool:
@@ -812,7 +829,7 @@ def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
     sha = source_sha256(problem.path)
     key = plan.settings_key(strategy)
     row = problem_row(store, key, problem, sha)
-    if row is not None and row["status"] in ("done", "skipped"):
+    if finished(store, row):
         return row
     spent = (row or {}).get("seconds") or 0.0
     try:

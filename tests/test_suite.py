@@ -307,6 +307,36 @@ def test_a_second_suite_takes_every_starter_from_the_cache(tmp_path, monkeypatch
     assert (pool.hits, pool.misses) == (0, 4) and len(made) == 9
 
 
+def test_a_problem_skipped_for_want_of_a_starter_runs_again_once_the_generator_changed(tmp_path, monkeypatch):
+    """Level 2's 25, 36 and 58 had no starter from a warm child that had generated before. Once the generator
+    changed (it now retries such a failure in a fresh child), a resumed suite generates and runs them again; a
+    problem skipped for any other reason stays skipped."""
+    from agent import suite
+    from agent.policies.offline import no_starter_message
+
+    made = []
+    monkeypatch.setattr(WarmGenerator, "generate", lambda self, spec: made.append(Path(spec).stem) or _starter())
+    store, plan = _four_sources(tmp_path)
+    (no_starter, broken), sha = plan.problems[:2], suite.source_sha256
+    why = "compile_error: InductorError: AssertionError"
+    suite.keep_starter(store, sha(no_starter.path), {"starter": None, "error": why, "seconds": 3.0})
+    suite.record(store, plan, no_starter, "refine", sha(no_starter.path), status="skipped",
+                 reason=no_starter_message("1_Op", why))
+    suite.record(store, plan, broken, "refine", sha(broken.path), status="skipped", reason="the reference fails: x")
+
+    def row(problem):
+        return suite.problem_row(store, plan.settings_key("refine"), problem, sha(problem.path))
+
+    assert suite.finished(store, row(no_starter)) and suite.finished(store, row(broken))
+    assert suite.starter_needed(store, plan, no_starter, "refine") is None
+    monkeypatch.setattr(suite, "generator_version", lambda: "fresh-child retries")
+    assert not suite.finished(store, row(no_starter)) and suite.finished(store, row(broken))
+    assert suite.starter_needed(store, plan, no_starter, "refine") == sha(no_starter.path)
+    taken, _ = _take_all(store, plan)
+    assert sorted(made) == ["1_Op", "3_Op", "4_Op"]   # the broken reference is not tried again
+    assert suite.cached_starter(store, sha(no_starter.path))["starter"]["source"] == "# kernel"
+
+
 def test_the_starter_cache_ignores_a_corrupt_entry_and_writes_atomically(tmp_path):
     import threading
 

@@ -406,8 +406,11 @@ def _catalog_starters(target) -> list:
     return catalog.starters_for(target.name)
 
 
+NO_STARTER_PREFIX = "no offline starter for "
+
+
 def no_starter_message(target_name: str, reason: str) -> str:
-    return (f"no offline starter for {target_name}: {reason}; give --seed-kernel FILE or use an LLM policy "
+    return (f"{NO_STARTER_PREFIX}{target_name}: {reason}; give --seed-kernel FILE or use an LLM policy "
             "(--policy anthropic|openai)")
 
 
