@@ -26,6 +26,7 @@ def suite_command(
     paths: List[Path] = typer.Argument(..., help="A KernelBench checkout (its level1, level2, ... folders), folders of KernelBench-style files, or single files."),
     levels: Optional[str] = typer.Option(None, metavar="LIST", help="Comma-separated levels to run, e.g. 1,2 (default: every level found)."),
     problems: Optional[str] = typer.Option(None, metavar="GLOBS", help="Only problems whose file name or key matches one of these comma-separated globs, e.g. '1_*,2*_*' or '*Softmax*'."),
+    rerun: Optional[str] = typer.Option(None, metavar="GLOBS", help="Run these problems again even where finished (after a fix; their earlier runs stay in the database), e.g. '17_*,34_*'."),
     policy: Optional[str] = typer.Option(None, metavar="NAME", help="offline, anthropic or openai (default: anthropic when ANTHROPIC_API_KEY is set, else offline)."),
     strategy: str = typer.Option("refine", metavar="NAMES", help="Search strategy, or several comma-separated to compare at an equal budget: refine, best-of-n, metr, evolve."),
     minutes_per_problem: Optional[float] = typer.Option(None, metavar="M", help="Active time budget of each problem's run, in minutes."),
@@ -61,7 +62,7 @@ def suite_command(
         plan = suite.SuitePlan(found, policy=policy, strategies=[s.strip() for s in strategy.split(",") if s.strip()],
                                max_attempts=max_attempts, minutes=minutes_per_problem, language=language, model=model,
                                base_url=base_url, jobs=jobs or max(1, min(8, (os.cpu_count() or 2) // 2)),
-                               compile_mode=compile_mode, lanes=lanes,
+                               compile_mode=compile_mode, lanes=lanes, rerun=rerun,
                                starter_cache=str(starter_cache) if starter_cache is not None else None,
                                evaluator={"gpus": gpus, "ray": ray, "planners": planners, "pipeline": pipeline})
         if not report_only:

@@ -93,6 +93,10 @@ class SuitePlan:
     evaluator: dict = field(default_factory=dict)  # gpus / ray / planners / pipeline (agent.run.evaluator_session)
     lanes: int | None = None            # problems run side by side (None: one per GPU of evaluator["gpus"], else 1)
     starter_cache: str | None = None    # folder of the starter cache (None: agent.kernels.starter_cache's default)
+    # globs of problems to run again even where finished before this plan was made (--rerun: after a fix); their
+    # earlier runs stay in the database
+    rerun: str | None = None
+    made_at: str = field(default_factory=now)
 
     def __post_init__(self) -> None:
         if self.max_attempts is not None and self.minutes is not None:
@@ -130,6 +134,12 @@ class SuitePlan:
             **runs.strategy_settings(strategy, seed), **(self.evaluator if evaluator is None else evaluator),
             compile_mode=self.compile_mode,
             started_by="kloop suite", suite_problem=problem.key)
+
+    def runs_again(self, problem: Problem, row: dict | None) -> bool:
+        """Whether --rerun names the problem and its row finished before this plan was made (a rerun cut off and
+        resumed is not started over)."""
+        return bool(self.rerun and row is not None and row.get("finished_at") and row["finished_at"] < self.made_at
+                    and matches(problem, self.rerun))
 
     def settings_key(self, strategy: str) -> str:
         """The hash of the settings that make two runs of a problem comparable: a problem finished with the same
@@ -200,6 +210,12 @@ def check_plan(plan: SuitePlan) -> None:
 _LEVEL = re.compile(r"^level(\d+)$")
 
 
+def matches(problem: Problem, pattern: str) -> bool:
+    """Whether one of the comma-separated globs matches the problem's file name, stem or key."""
+    globs = [g.strip() for g in pattern.split(",") if g.strip()]
+    return any(fnmatch.fnmatch(name, g) for g in globs for name in (problem.path.name, problem.path.stem, problem.key))
+
+
 def discover(paths: list[str | os.PathLike], levels: list[int] | None = None, pattern: str | None = None) \
         -> list[Problem]:
     """The problems under `paths`: a KernelBench checkout (PATH/level{N} or PATH/KernelBench/level{N}), any folder
@@ -225,9 +241,7 @@ def discover(paths: list[str | os.PathLike], levels: list[int] | None = None, pa
     if levels is not None:
         found = [p for p in found if p.level in levels]
     if pattern:
-        globs = [g.strip() for g in pattern.split(",") if g.strip()]
-        found = [p for p in found if any(fnmatch.fnmatch(name, g) for g in globs
-                                         for name in (p.path.name, p.path.stem, p.key))]
+        found = [p for p in found if matches(p, pattern)]
     unique: dict[Path, Problem] = {}
     for p in found:
         unique.setdefault(p.path.resolve(), p)
@@ -427,7 +441,7 @@ def starter_needed(store: Store, plan: SuitePlan, problem: Problem, strategy: st
         return None
     sha = source_sha256(problem.path)
     row = problem_row(store, plan.settings_key(strategy), problem, sha)
-    if not finished(store, row) and cached_starter(store, sha) is None:
+    if (not finished(store, row) or plan.runs_again(problem, row)) and cached_starter(store, sha) is None:
         return sha
     return None
 
@@ -829,11 +843,12 @@ def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
     sha = source_sha256(problem.path)
     key = plan.settings_key(strategy)
     row = problem_row(store, key, problem, sha)
-    if finished(store, row):
+    again = plan.runs_again(problem, row)
+    if finished(store, row) and not again:
         return row
-    spent = (row or {}).get("seconds") or 0.0
+    spent = 0.0 if again else (row or {}).get("seconds") or 0.0
     try:
-        r = _resume(store, row) if row is not None and row.get("run_id") else None
+        r = _resume(store, row) if row is not None and row.get("run_id") and not again else None
         if r is None:
             r = _start(store, plan, problem, strategy, sha, evaluator)
     except runs.RunFinished:
@@ -842,7 +857,8 @@ def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
     except runs.RunError as e:
         record(store, plan, problem, strategy, sha, status="skipped", reason=str(e), finished_at=now())
         return problem_row(store, key, problem, sha)
-    record(store, plan, problem, strategy, sha, status="running", run_id=r.id, reason=None)
+    record(store, plan, problem, strategy, sha, status="running", run_id=r.id, reason=None,
+           **({"started_at": now(), "finished_at": None} if again else {}))
     began = time.monotonic()
     try:
         runs.run(r, on_event, session=session)

@@ -750,6 +750,16 @@ def test_a_suite_on_cpu_survives_kill_9_and_ctrl_c_and_skips_a_broken_problem(tm
     again = cli("suite", tmp_path / "problems", "--policy", "offline", "--max-attempts", 1, "--db", db, "--out", out)
     assert again.exit_code == 0 and "[4/4]" in again.output and "#1" not in again.output  # all finished: skipped
 
+    # --rerun: a finished problem runs anew (after a fix); its earlier run stays, the row points at the new one
+    rerun = cli("suite", tmp_path / "problems", "--policy", "offline", "--max-attempts", 1, "--db", db, "--out", out,
+                "--rerun", "1_*,4_*")
+    assert rerun.exit_code == 0 and rerun.output.count("#1 (branch 0)") == 1, rerun.output
+    last = {r["problem"]: r for r in _rows(db)}
+    assert last["level1/1_Scaled_ReLU"]["run_id"] not in (None, after["level1/1_Scaled_ReLU"]["run_id"])
+    assert last["level1/1_Scaled_ReLU"]["status"] == "done" and last["level1/4_Broken_reference"]["status"] == "skipped"
+    assert [last[p]["run_id"] for p in sorted(last)][1:3] == [after[p]["run_id"] for p in sorted(after)][1:3]
+    assert len(open_db(db, create=False, readonly=True).list_runs()) == 4
+
 
 def _wait_two_running(db, process, timeout=300):
     """Until two problems' rows say running at once (two lanes side by side)."""
