@@ -125,7 +125,8 @@ class SuiteView:
                 line(f"starters: {event['hits']} from the cache, {event['misses']} to generate ({event['cache']})")
         elif kind == "starter":
             made = "from the cache" if event.get("cached") else f"in {event['seconds']:.0f} s"
-            what = f"starter {made}" if event["ok"] else f"no starter: {event['error']}"
+            what = f"starter {made}" if event["ok"] else f"no starter: {event['error']}" if event.get("kept", True) \
+                else f"generation stopped, nothing kept (the problem's run generates its own): {event['error']}"
             line(f"starter {event['done']}/{event['total']} {event['problem']}: {what}")
             if self.status is not None:
                 self.status.update(f"generating starters {event['done']}/{event['total']}")

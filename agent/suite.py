@@ -616,7 +616,7 @@ class StarterPool:
             done = self.done
             self._cond.notify_all()
         self._event({"kind": "starter", "problem": problem.key, "done": done, "total": self.total,
-                     "ok": entry["starter"] is not None, "cached": cached, "error": entry["error"],
+                     "ok": entry["starter"] is not None, "cached": cached, "error": entry["error"], "kept": kept,
                      "seconds": entry.get("seconds") or 0.0})
 
     def _keep(self, sha: str, entry: dict) -> None:

@@ -474,6 +474,36 @@ def test_a_reference_split_into_two_graphs_runs_both_graphs_kernels_in_one_forwa
                 torch.testing.assert_close(got, want)
 
 
+def test_a_reference_whose_tiling_analysis_asserts_is_captured_without_it(monkeypatch):
+    """torch 2.11's coalescing analysis asserts, on a GPU, on a reduction over the channels of a convolution's
+    output (KernelBench level 2's 25, 36, 58, 92): that failure is made here, and the capture goes on without it."""
+    import torch._inductor.config as inductor_config
+    import torch._inductor.tiling_utils as tiling_utils
+
+    analysed = []
+
+    def asserting(*args, **kwargs):
+        analysed.append(inductor_config.triton.coalesce_tiling_analysis)
+        raise AssertionError
+
+    monkeypatch.setattr(tiling_utils, "get_pw_red_splits", asserting)
+
+    class ConvMin(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return torch.tanh(torch.min(self.conv(x), dim=1, keepdim=True)[0])
+
+    wrapper, _ = inductor.capture(ConvMin(), [torch.randn(2, 3, 8, 8)])
+    assert analysed and set(analysed) == {True} and "def call(" in wrapper
+    monkeypatch.setattr(inductor, "_capture", lambda *args: analysed.append("again") or 1 / 0)
+    with pytest.raises(ZeroDivisionError):   # any other failure is not captured again
+        inductor.capture(ConvMin(), [torch.randn(2, 3, 8, 8)])
+    assert analysed[-1] == "again" and analysed.count("again") == 1
+
+
 def test_a_graph_break_that_reads_tensor_data_has_no_starter():
     class Scaled(torch.nn.Module):
         def forward(self, x):

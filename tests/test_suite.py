@@ -858,8 +858,12 @@ def test_the_progress_says_which_starters_came_from_the_cache(monkeypatch):
     view({"kind": "starter", "problem": "level1/1_op", "done": 1, "total": 4, "ok": True, "cached": True,
           "error": None, "seconds": 41.0})
     view({"kind": "starter", "problem": "level1/2_op", "done": 2, "total": 4, "ok": False, "cached": False,
-          "error": "a library call", "seconds": 9.0})
-    assert out.getvalue().splitlines() == ["starters: 3 from the cache, 1 to generate (/c)",
-                                           "starter 1/4 level1/1_op: starter from the cache",
-                                           "starter 2/4 level1/2_op: no starter: a library call"]
+          "error": "a library call", "seconds": 9.0, "kept": True})
+    view({"kind": "starter", "problem": "level1/3_op", "done": 3, "total": 4, "ok": False, "cached": False,
+          "error": "stopped: generating Inductor's Triton failed (exit -9)", "seconds": 9.0, "kept": False})
+    assert out.getvalue().splitlines() == [
+        "starters: 3 from the cache, 1 to generate (/c)", "starter 1/4 level1/1_op: starter from the cache",
+        "starter 2/4 level1/2_op: no starter: a library call",
+        "starter 3/4 level1/3_op: generation stopped, nothing kept (the problem's run generates its own): "
+        "stopped: generating Inductor's Triton failed (exit -9)"]
     assert view.starters["hits"] == 3
