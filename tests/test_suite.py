@@ -605,6 +605,18 @@ def test_a_suite_resumed_on_another_gpu_says_which_problem_ran_where(tmp_path):
     assert [r["gpu"] for r in table] == ["NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3"]
 
 
+def test_the_speedup_picture_of_a_suite_in_progress_says_how_many_finished():
+    from tools.records.suite_report import speedup_figure
+
+    def result(status, verified=False, speedup=None):
+        return {"status": status, "verified": verified, "speedup_eager": speedup, "speedup_compile": speedup}
+
+    results = [result("done", True, 1.4), result("skipped"), result(None), result("stopped")]
+    assert speedup_figure(results, "NVIDIA H200").axes[0].get_title() == \
+        "2 of 4 problems finished on NVIDIA H200"
+    assert speedup_figure(results[:2], None).axes[0].get_title() == "2 problems"
+
+
 def test_the_report_says_why_a_hidden_variant_failed(tmp_path):
     # the report is the operator's: the policy read only "hidden variant 1: runtime_error" (level 2's 24 on an H100)
     store = open_db(tmp_path / "s.db")

@@ -266,8 +266,10 @@ def speedup_figure(results: list[dict], gpu_name: str | None, strategy: str | No
     top.set_yscale("log")
     top.axhline(1.0, color="gray", linestyle="--", linewidth=0.8)
     lo, hi = top.get_ylim()
-    # within a decade 1-2-5 leaves a lone "1x": 1.54x could not be read off the axis
-    subs = (1.0, 2.0, 5.0) if hi / lo > 10 else (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)
+    # within a decade 1-2-5 leaves a lone "1x": 1.54x could not be read off the axis (nor 1.44x off 1-1.2-1.5
+    # between 0.98x and 1.47x)
+    subs = (1.0, 2.0, 5.0) if hi / lo > 10 else (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0) if hi / lo > 2 else \
+        (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.7, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0)
     top.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
     top.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
     top.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
@@ -277,7 +279,9 @@ def speedup_figure(results: list[dict], gpu_name: str | None, strategy: str | No
     top.set_ylabel("speedup of the verified kernel")
     top.grid(alpha=0.3, which="major")
     top.legend(fontsize="small", loc="upper right")
-    top.set_title(f"{len(finished)} problems" + (f" on {gpu_name}" if gpu_name else "")
+    count = f"{len(finished)} problems" if len(finished) == len(results) else \
+        f"{len(finished)} of {len(results)} problems finished"
+    top.set_title(count + (f" on {gpu_name}" if gpu_name else "")
                   + (f", strategy {strategy}" if strategy else ""))
     ps = [i / 20 for i in range(0, 61)]
     n = len(finished) or 1
