@@ -399,13 +399,15 @@ def test_a_long_k_matmul_splits_k_and_a_matrix_vector_product_is_a_reduction(spe
     ("tests/targets/kb_max_pool1d.py", "triton_poi_"),         # ATen's max_pool1d reads the length as an int
     ("tests/targets/kb_avg_pool3d.py", "triton_poi_"),         # Inductor calls ATen for a 27-element window
     ("tests/targets/kb_attention.py", "triton_tem_"),          # ... and for attention: here batched GEMM templates
+    ("tests/targets/kb_multihead_attention.py", "triton_tem_"),  # nn.MultiheadAttention: a width check, a float scale
     ("tests/targets/kb_linear_instancenorm.py", "triton_tem_"),  # InstanceNorm's warning broke Dynamo's graph
     ("tests/targets/kb_instance_norm.py", "triton_red_"),      # ... and its channel check fixed the channel count
 ])
 def test_starters_take_the_sizes_that_the_hidden_variants_change_at_run_time(spec, expect):
     """torch.compile alone fixes these sizes as constants (a conv template's channels, a LayerNorm's normalized shape, a
-    pooled length): such a starter passes the main shape and fails every hidden variant. Or it has no starter (a
-    transposed conv, a large avg_pool3d window, attention, a warning that breaks the graph)."""
+    pooled length, a multi-head attention's width): such a starter passes the main shape and fails every hidden
+    variant. Or it has no starter (a transposed conv, a large avg_pool3d window, attention, a warning that breaks the
+    graph)."""
     from sandbox.evaluate import evaluate
 
     target = load_target(spec)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import inspect
 import json
 import linecache
 import os
@@ -286,6 +287,7 @@ def _capture(model, inputs: list, dynamic: bool) -> tuple[str, list[str]]:
     import torch.utils._triton as torch_triton
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.graph import GraphLowering
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from agent.kernels import inductor_conv, inductor_rnn  # register kloop::convolution, kloop::recurrent
 
@@ -336,7 +338,7 @@ def _capture(model, inputs: list, dynamic: bool) -> tuple[str, list[str]]:
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
     torch._dynamo.config.allow_rnn = True  # else Dynamo breaks the graph at a recurrent module (kloop::recurrent here)
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
-            inductor_rnn.traced_as_one_op(), _traceable_ops():
+            inductor_rnn.traced_as_one_op(), _traceable_ops(), sdpa_kernel([SDPBackend.MATH]):
         result = torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
     data_dependent = [reason for reason in breaks if _DATA_DEPENDENT.search(reason)]
     if data_dependent:  # a value read from a tensor's data would be a constant of the next graph
@@ -523,13 +525,23 @@ def _traceable_ops():
     - scaled_dot_product_attention without mask, dropout or causality, which Inductor makes an ATen attention
       kernel, is its definition: softmax(Q K^T / sqrt(E)) V, two matmuls (Inductor's GEMM templates) and a softmax.
     - an InstanceNorm module does not compare its input's channels with num_features (the comparison fixed the
-      channel count; the reference's run already made it, and F.instance_norm does not read num_features).
+      channel count; the reference's run already made it, and F.instance_norm does not read num_features);
+    - multi-head attention (nn.MultiheadAttention) without masks, dropout, extra key/value biases or separate
+      projections is its definition too: the packed projection, softmax(Q K^T / sqrt(head size)) V per head as
+      batched matmuls, the output projection, and the weights averaged over heads where asked for. Its own code
+      checks the input's width against the module's embed_dim and scales by a Python float of the head size,
+      both of which fixed the width of the main shape. Otherwise it runs as written, the width checked against
+      itself.
     And warnings.warn does nothing: Dynamo breaks the graph at one, and the reference's own run has already shown it."""
     import torch
     from torch.nn import functional
     from torch.nn.modules.instancenorm import _InstanceNorm
 
     layer_norm, avg_pool3d = functional.layer_norm, functional.avg_pool3d
+    multi_head_attention = functional.multi_head_attention_forward
+    # its parameters and defaults, read here: inspect inside the traced forward would break Dynamo's graph
+    attention_parameters = inspect.signature(multi_head_attention).parameters
+    attention_defaults = {name: p.default for name, p in attention_parameters.items() if p.default is not p.empty}
     attention = functional.scaled_dot_product_attention
 
     def layer_norm_sized(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -565,6 +577,27 @@ def _traceable_ops():
         scores = torch.matmul(query, key.transpose(-2, -1)) * scale
         return torch.matmul(torch.softmax(scores, dim=-1), value)
 
+    def multi_head_attention_as_matmuls(*args, **kwargs):
+        a = {**attention_defaults, **dict(zip(attention_parameters, args)), **kwargs}
+        a["embed_dim_to_check"] = a["query"].shape[-1]
+        q, k, v = a["query"], a["key"], a["value"]
+        if q.dim() != 3 or a["bias_k"] is not None or a["bias_v"] is not None or a["add_zero_attn"] or \
+                (a["training"] and a["dropout_p"]) or a["key_padding_mask"] is not None or \
+                a["attn_mask"] is not None or a["is_causal"] or a["use_separate_proj_weight"] or \
+                a["static_k"] is not None or a["static_v"] is not None:
+            return multi_head_attention(**a)
+        (length, batch, width), source, heads = q.shape, k.shape[0], a["num_heads"]
+        size = width // heads
+        q, k, v = functional._in_projection_packed(q, k, v, a["in_proj_weight"], a["in_proj_bias"])
+        q, k, v = (t.reshape(n, batch * heads, size).transpose(0, 1) for t, n in ((q, length), (k, source), (v, source)))
+        weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) * q.new_full((), size).rsqrt(), dim=-1)
+        out = torch.bmm(weights, v).transpose(0, 1).reshape(length * batch, width)
+        out = functional.linear(out, a["out_proj_weight"], a["out_proj_bias"]).view(length, batch, width)
+        if not a["need_weights"]:
+            return out, None
+        weights = weights.view(batch, heads, length, source)
+        return out, weights.mean(dim=1) if a["average_attn_weights"] else weights
+
     def instance_norm_unchecked(self, input):
         self._check_input_dim(input)
         if input.dim() == self._get_no_batch_dim():
@@ -576,6 +609,7 @@ def _traceable_ops():
             mock.patch.object(functional, "layer_norm", layer_norm_sized), \
             mock.patch.object(torch, "max_pool1d", max_pool1d_sized), \
             mock.patch.object(functional, "avg_pool3d", avg_pool3d_separated), \
+            mock.patch.object(functional, "multi_head_attention_forward", multi_head_attention_as_matmuls), \
             mock.patch.object(functional, "scaled_dot_product_attention", attention_as_matmuls):
         yield
 
