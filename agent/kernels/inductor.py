@@ -539,9 +539,6 @@ def _traceable_ops():
 
     layer_norm, avg_pool3d = functional.layer_norm, functional.avg_pool3d
     multi_head_attention = functional.multi_head_attention_forward
-    # its parameters and defaults, read here: inspect inside the traced forward would break Dynamo's graph
-    attention_parameters = inspect.signature(multi_head_attention).parameters
-    attention_defaults = {name: p.default for name, p in attention_parameters.items() if p.default is not p.empty}
     attention = functional.scaled_dot_product_attention
 
     def layer_norm_sized(input, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -577,27 +574,6 @@ def _traceable_ops():
         scores = torch.matmul(query, key.transpose(-2, -1)) * scale
         return torch.matmul(torch.softmax(scores, dim=-1), value)
 
-    def multi_head_attention_as_matmuls(*args, **kwargs):
-        a = {**attention_defaults, **dict(zip(attention_parameters, args)), **kwargs}
-        a["embed_dim_to_check"] = a["query"].shape[-1]
-        q, k, v = a["query"], a["key"], a["value"]
-        if q.dim() != 3 or a["bias_k"] is not None or a["bias_v"] is not None or a["add_zero_attn"] or \
-                (a["training"] and a["dropout_p"]) or a["key_padding_mask"] is not None or \
-                a["attn_mask"] is not None or a["is_causal"] or a["use_separate_proj_weight"] or \
-                a["static_k"] is not None or a["static_v"] is not None:
-            return multi_head_attention(**a)
-        (length, batch, width), source, heads = q.shape, k.shape[0], a["num_heads"]
-        size = width // heads
-        q, k, v = functional._in_projection_packed(q, k, v, a["in_proj_weight"], a["in_proj_bias"])
-        q, k, v = (t.reshape(n, batch * heads, size).transpose(0, 1) for t, n in ((q, length), (k, source), (v, source)))
-        weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) * q.new_full((), size).rsqrt(), dim=-1)
-        out = torch.bmm(weights, v).transpose(0, 1).reshape(length * batch, width)
-        out = functional.linear(out, a["out_proj_weight"], a["out_proj_bias"]).view(length, batch, width)
-        if not a["need_weights"]:
-            return out, None
-        weights = weights.view(batch, heads, length, source)
-        return out, weights.mean(dim=1) if a["average_attn_weights"] else weights
-
     def instance_norm_unchecked(self, input):
         self._check_input_dim(input)
         if input.dim() == self._get_no_batch_dim():
@@ -609,9 +585,45 @@ def _traceable_ops():
             mock.patch.object(functional, "layer_norm", layer_norm_sized), \
             mock.patch.object(torch, "max_pool1d", max_pool1d_sized), \
             mock.patch.object(functional, "avg_pool3d", avg_pool3d_separated), \
-            mock.patch.object(functional, "multi_head_attention_forward", multi_head_attention_as_matmuls), \
+            mock.patch.object(functional, "multi_head_attention_forward",
+                              _multi_head_attention_as_matmuls(multi_head_attention)), \
             mock.patch.object(functional, "scaled_dot_product_attention", attention_as_matmuls):
         yield
+
+
+def _multi_head_attention_as_matmuls(original):
+    """F.multi_head_attention_forward as _traceable_ops traces it (see there); `original` where a mask, dropout,
+    extra biases or separate projections are asked for."""
+    import torch
+    from torch.nn import functional
+
+    # its parameters and defaults, read here: inspect inside the traced forward would break Dynamo's graph
+    attention_parameters = inspect.signature(original).parameters
+    attention_defaults = {name: p.default for name, p in attention_parameters.items() if p.default is not p.empty}
+
+    def as_matmuls(*args, **kwargs):
+        a = {**attention_defaults, **dict(zip(attention_parameters, args)), **kwargs}
+        a["embed_dim_to_check"] = a["query"].shape[-1]
+        q, k, v = a["query"], a["key"], a["value"]
+        if q.dim() != 3 or a["bias_k"] is not None or a["bias_v"] is not None or a["add_zero_attn"] or \
+                (a["training"] and a["dropout_p"]) or a["key_padding_mask"] is not None or \
+                a["attn_mask"] is not None or a["is_causal"] or a["use_separate_proj_weight"] or \
+                a["static_k"] is not None or a["static_v"] is not None:
+            return original(**a)
+        (length, batch, width), source, heads = q.shape, k.shape[0], a["num_heads"]
+        size = width // heads
+        q, k, v = functional._in_projection_packed(q, k, v, a["in_proj_weight"], a["in_proj_bias"])
+        q, k, v = (t.reshape(n, batch * heads, size).transpose(0, 1)
+                   for t, n in ((q, length), (k, source), (v, source)))
+        weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) * q.new_full((), size).rsqrt(), dim=-1)
+        out = torch.bmm(weights, v).transpose(0, 1).reshape(length * batch, width)
+        out = functional.linear(out, a["out_proj_weight"], a["out_proj_bias"]).view(length, batch, width)
+        if not a["need_weights"]:
+            return out, None
+        weights = weights.view(batch, heads, length, source)
+        return out, weights.mean(dim=1) if a["average_attn_weights"] else weights
+
+    return as_matmuls
 
 
 @dataclass
