@@ -157,3 +157,24 @@ def test_traced_functional_convolutions_compute_what_the_originals_do():
     xt, wt = torch.randn(2, 4, 5, 6), torch.randn(4, 3, 3, 2)        # (input, weight, bias, stride, padding,
     args = (torch.randn(6), (2, 3), 1, (1, 2), 2, (1, 2))               #  output_padding, groups, dilation)
     torch.testing.assert_close(transposed(xt, wt, *args), F.conv_transpose2d(xt, wt, *args))
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "transposed"])
+@pytest.mark.parametrize("taps_outer", [False, True], ids=["flattened", "taps_outer"])
+def test_the_kernel_reads_weights_with_the_output_channels_innermost(transposed, taps_outer):
+    """The same tensor, its output channels (dim 0, or 1 when transposed) one apart and the reduction in the
+    kernel's order outside them: a weight tile's columns are contiguous loads. From any strides (here a transposed
+    view)."""
+    w = torch.randn(5, 6, 3, 2, 4, device=DEVICE).transpose(0, 1)
+    got = inductor_conv._output_channels_inner(w, transposed, taps_outer)
+    assert torch.equal(got, w)
+    out, into = (1, 0) if transposed else (0, 1)
+    assert got.stride(out) == 1 and got.stride(into) == (w.shape[out] if taps_outer else w.shape[out] * 24)
+    assert got.stride(4) == (w.shape[out] * w.shape[into] if taps_outer else w.shape[out])
+
+
+@pytest.mark.parametrize("case", ["2d_square", "3d", "1d_transposed", "2d_transposed_grouped"])
+def test_few_channels_taps_outer_too(case, monkeypatch):
+    """Both loop orders compute the same convolution (which one runs is a channel-count threshold)."""
+    monkeypatch.setattr(inductor_conv, "TAPS_OUTER_MIN_CHANNELS", 1)
+    _check(case)

@@ -13,7 +13,10 @@ group per program along grid z), and the reduction runs over (input channel, kd,
 gathered with masks (a transposed convolution gathers the input positions whose stride divides the offset; with a
 stride, grid z also picks a stride phase of the output, whose taps all contribute, rather than masking (S-1)/S of
 them per dimension): a kernel tap at a time with its channels in BLOCK_K steps where a group has 16 input channels or
-more (the position math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps. 1-D and 2-D
+more (the position math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps. The kernel reads
+the weights re-laid with the output channels innermost (a Triton copy per call), so a weight tile's loads coalesce;
+the flattened path gathers its input tile transposed, for the same reason (measured in
+tests/experiments/conv_layouts.py: results/conv-layouts-h200/). 1-D and 2-D
 convolutions run as 3-D with leading sizes of 1. Sizes, strides and convolution parameters are runtime arguments, so
 one compiled kernel serves every shape. fp32 inputs use 3xTF32 dot products (tensor cores, about fp32's accuracy;
 plain TF32 would miss fp32's tolerance), 16 columns or more (a narrower group's are masked); where a group has at most
@@ -49,6 +52,7 @@ CONV_DIRECT = 1
 CONV_DIRECT_BLOCK = 1024
 
 INT32_REACH = 2**31 - 1
+TAPS_OUTER_MIN_CHANNELS = 16   # a group with fewer input channels flattens (channel, tap) pairs into its reduction
 PRODUCT_SUM_MAX_N = 4   # a group with more output channels takes the 3xTF32 dot, its tile at least 16 wide
 TUNABLES = {"CONV_BLOCK_M": [16, 32, 64, 128], "CONV_BLOCK_N": [16, 32, 64, 128], "CONV_BLOCK_K": [16, 32, 64],
             "CONV_NUM_WARPS": [2, 4, 8], "CONV_NUM_STAGES": [1, 2, 3, 4], "CONV_DIRECT": [0, 1],
@@ -240,6 +244,10 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
                              mask=c_ok[:, None] & col_ok[None, :], other=0.0)
                 acc = _conv_accumulate(acc, a, wt, USE_DOT, IEEE)
     else:           # few channels: (channel, tap) pairs flattened into BLOCK_K steps
+        # The input tile is gathered as (k, row) and transposed: Triton coalesces a gather along its last dimension
+        # where it cannot prove another contiguous, and consecutive rows are consecutive output positions (a step in
+        # k is a tap or a channel away). Gathered as (row, k) it took 1.4x as long on KernelBench level 2's 48, 1.6x
+        # on 90 (H200). A tap at a time, as (row, channel), measured faster than transposed (1.2x on level 2's 43).
         K = C_IN_G * TKD * TKH * TKW
         for k0 in range(0, K, BLOCK_K):
             k = k0 + ks
@@ -250,23 +258,23 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
             kd = kd0 + (t % DIV_KD) * ksd
             c = t // DIV_KD
             if TRANSPOSED:
-                td = bd[:, None] - (kd * DD)[None, :]
-                th = bh[:, None] - (kh * DH)[None, :]
-                tw = bw[:, None] - (kw * DW)[None, :]
+                td = bd[None, :] - (kd * DD)[:, None]
+                th = bh[None, :] - (kh * DH)[:, None]
+                tw = bw[None, :] - (kw * DW)[:, None]
                 ok = (td >= 0) & (th >= 0) & (tw >= 0)
                 if not PHASED:
                     ok = ok & (td % SD == 0) & (th % SH == 0) & (tw % SW == 0)
                 i_d, i_h, i_w = td // SD, th // SH, tw // SW
                 w_rows = (g * C_IN_G + c) * swa
             else:
-                i_d = bd[:, None] + (kd * DD)[None, :]
-                i_h = bh[:, None] + (kh * DH)[None, :]
-                i_w = bw[:, None] + (kw * DW)[None, :]
+                i_d = bd[None, :] + (kd * DD)[:, None]
+                i_h = bh[None, :] + (kh * DH)[:, None]
+                i_w = bw[None, :] + (kw * DW)[:, None]
                 ok = (i_d >= 0) & (i_h >= 0) & (i_w >= 0)
                 w_rows = c * swb
-            ok = ok & (i_d < ID) & (i_h < IH) & (i_w < IW) & row_ok[:, None] & (k < K)[None, :]
-            a = tl.load(x_ptr + x_rows[:, None] + i_d * sxd + i_h * sxh + i_w * sxw + (c * sxc)[None, :],
-                        mask=ok, other=0.0)
+            ok = ok & (i_d < ID) & (i_h < IH) & (i_w < IW) & row_ok[None, :] & (k < K)[:, None]
+            a = tl.trans(tl.load(x_ptr + x_rows[None, :] + i_d * sxd + i_h * sxh + i_w * sxw + (c * sxc)[:, None],
+                                 mask=ok, other=0.0))
             w_off = w_rows + kd * swd + kh * swh + kw * sww
             wt = tl.load(w_ptr + w_off[:, None] + w_cols[None, :], mask=(k < K)[:, None] & col_ok[None, :],
                          other=0.0)
@@ -356,8 +364,7 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
     s_d, s_h, s_w = [1] * lead + list(stride)
     p_d, p_h, p_w = [0] * lead + list(padding)
     d_d, d_h, d_w = [1] * lead + list(dilation)
-    x_strides = [x.stride(0), x.stride(1)] + [0] * lead + [x.stride(i) for i in range(2, x.dim())]
-    w_strides = [w.stride(0), w.stride(1)] + [0] * lead + [w.stride(i) for i in range(2, w.dim())]
+    x_strides, w_strides = _strides_3d(x, lead), _strides_3d(w, lead)
     # the furthest element of x, w or y from its start: int32 index math below INT32_REACH
     reach = max(sum((size - 1) * abs(step) for size, step in zip(t.shape, t.stride())) for t in (x, w, y))
     if CONV_DIRECT and c_in_g == 1 and not transposed:   # depthwise: a stencil per output channel
@@ -369,6 +376,9 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
             HAS_BIAS=b is not None, LARGE=max(reach, x.shape[0] * c_out * blocks * CONV_DIRECT_BLOCK) >= INT32_REACH,
             BLOCK=CONV_DIRECT_BLOCK, num_warps=CONV_NUM_WARPS)
         return y
+    taps_outer = c_in_g >= TAPS_OUTER_MIN_CHANNELS
+    w = _output_channels_inner(w, transposed, taps_outer)
+    w_strides = _strides_3d(w, lead)
     # A reduction shorter than BLOCK_K, or a group narrower than BLOCK_N, is masked to zeros in the dot's tile. The
     # product-and-sum path keeps under 16 columns (Triton 3.6 makes a wider one a TF32 dot: the docstring).
     use_dot = c_out_g > PRODUCT_SUM_MAX_N
@@ -391,14 +401,49 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
                        *tap_steps, *inverses, *x_strides, *w_strides, HAS_BIAS=b is not None,
                        TRANSPOSED=bool(transposed), PHASED=phased,
                        USE_DOT=use_dot, IEEE=x.dtype == torch.float32, LARGE=reach >= INT32_REACH,
-                       TAPS_OUTER=c_in_g >= 16, BLOCK_M=CONV_BLOCK_M, BLOCK_N=block_n,
+                       TAPS_OUTER=taps_outer, BLOCK_M=CONV_BLOCK_M, BLOCK_N=block_n,
                        BLOCK_K=block_k, num_warps=CONV_NUM_WARPS, num_stages=CONV_NUM_STAGES)
     return y
+
+
+def _strides_3d(t, lead: int) -> list[int]:
+    return [t.stride(0), t.stride(1)] + [0] * lead + [t.stride(i) for i in range(2, t.dim())]
+
+
+def _output_channels_inner(w, transposed: bool, taps_outer: bool):
+    """w as a tensor of the same shape whose output channels are innermost in memory, the reduction's order outside
+    them (taps-outer: tap, then channel; else channel, then tap): a weight tile's columns are contiguous (coalesced,
+    vectorized loads). A copy per call, the size of the weight, by a Triton kernel (a candidate's forward leaves its
+    work to Triton); 1.9x faster on KernelBench level 2's 43 and 47 (H200)."""
+    out, into = (1, 0) if transposed else (0, 1)
+    spatial = list(range(2, w.dim()))
+    order = spatial + [into, out] if taps_outer else [into] + spatial + [out]   # outermost first
+    stored = torch.empty([w.shape[d] for d in order], dtype=w.dtype, device=w.device)
+    sizes = [1] * (5 - w.dim()) + list(stored.shape)
+    steps = [0] * (5 - w.dim()) + [w.stride(d) for d in order]
+    if stored.numel():
+        _conv_gather_kernel[(triton.cdiv(stored.numel(), 1024),)](w, stored, stored.numel(), *sizes[1:], *steps,
+                                                                  BLOCK=1024)
+    return stored.permute(*[order.index(d) for d in range(w.dim())])
+
+
+@triton.jit
+def _conv_gather_kernel(src_ptr, dst_ptr, N, S1, S2, S3, S4, T0, T1, T2, T3, T4, BLOCK: tl.constexpr):
+    # dst (contiguous, sizes (S0, ..., S4)) element (i0, ..., i4) = src's at i0 * T0 + ... + i4 * T4 (int64 math)
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    i4, r = i % S4, i // S4
+    i3, r = r % S3, r // S3
+    i2, r = r % S2, r // S2
+    i1, i0 = r % S1, r // S1
+    value = tl.load(src_ptr + i0 * T0 + i1 * T1 + i2 * T2 + i3 * T3 + i4 * T4, mask=i < N)
+    tl.store(dst_ptr + i, value, mask=i < N)
 
 
 def candidate_source() -> str:
     """The kernel and its launcher as a candidate holds them (the tunables are written by the generator)."""
     functions = (output_sizes, _conv_kernel.fn, _conv_phase_taps.fn, _conv_accumulate.fn, _conv_depthwise_kernel.fn,
-                 _conv)
-    constants = f"import math\n\nINT32_REACH = {INT32_REACH}\nPRODUCT_SUM_MAX_N = {PRODUCT_SUM_MAX_N}\n\n\n"
+                 _conv, _strides_3d, _output_channels_inner,
+                 _conv_gather_kernel.fn)
+    constants = (f"import math\n\nINT32_REACH = {INT32_REACH}\nPRODUCT_SUM_MAX_N = {PRODUCT_SUM_MAX_N}\n"
+                 f"TAPS_OUTER_MIN_CHANNELS = {TAPS_OUTER_MIN_CHANNELS}\n\n\n")
     return constants + "\n\n".join(inspect.getsource(f) for f in functions)
