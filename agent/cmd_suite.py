@@ -45,6 +45,7 @@ def suite_command(
     planners: Optional[int] = typer.Option(None, min=1, metavar="N", help="Candidates planned at once (default: the CPU cores the trusted processes leave)."),
     pipeline: Optional[int] = typer.Option(None, min=1, metavar="N", help="Attempts in flight per problem (default: enough to keep planners and GPUs busy with the offline policy, 1 with a model)."),
     starter_cache: Optional[Path] = typer.Option(None, "--starter-cache", metavar="DIR", help="Offline policy: the folder where Inductor starters are kept across suites, per problem source, GPU architecture and torch/Triton versions (default: $KLOOP_STARTER_CACHE, else ~/.cache/kloop/starters)."),
+    starter_timeout: Optional[float] = typer.Option(None, "--starter-timeout", metavar="S", help="Offline policy: seconds one starter generation may take (default 300); a problem whose generation ran out of a shorter limit is tried again."),
     compile_mode: str = typer.Option("default", metavar="MODE", help="torch.compile mode of the compile baseline: default (KernelBench's published baselines) or max-autotune-no-cudagraphs (the stronger bar)."),
 ) -> None:
     """Run the loop on every problem of a KernelBench-style set (one run per problem and strategy, one database,
@@ -62,7 +63,7 @@ def suite_command(
         plan = suite.SuitePlan(found, policy=policy, strategies=[s.strip() for s in strategy.split(",") if s.strip()],
                                max_attempts=max_attempts, minutes=minutes_per_problem, language=language, model=model,
                                base_url=base_url, jobs=jobs or max(1, min(8, (os.cpu_count() or 2) // 2)),
-                               compile_mode=compile_mode, lanes=lanes, rerun=rerun,
+                               compile_mode=compile_mode, lanes=lanes, rerun=rerun, starter_timeout_s=starter_timeout,
                                starter_cache=str(starter_cache) if starter_cache is not None else None,
                                evaluator={"gpus": gpus, "ray": ray, "planners": planners, "pipeline": pipeline})
         if not report_only:

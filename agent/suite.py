@@ -96,6 +96,9 @@ class SuitePlan:
     # globs of problems to run again even where finished before this plan was made (--rerun: after a fix); their
     # earlier runs stay in the database
     rerun: str | None = None
+    # seconds one starter generation may take (None: agent.kernels.inductor.TIMEOUT_S, 300): level 3's whole networks
+    # take longer beside other generations; a problem whose generation ran out of a shorter limit is tried again
+    starter_timeout_s: float | None = None
     made_at: str = field(default_factory=now)
 
     def __post_init__(self) -> None:
@@ -120,6 +123,8 @@ class SuitePlan:
             raise SuiteError(f"--jobs must be at least 1, got {self.jobs}")
         if self.lanes is not None and self.lanes < 1:
             raise SuiteError(f"--lanes must be at least 1, got {self.lanes}")
+        if self.starter_timeout_s is not None and not self.starter_timeout_s > 0:
+            raise SuiteError(f"--starter-timeout must be more than 0 seconds, got {self.starter_timeout_s:g}")
 
     def run_settings(self, problem: Problem, strategy: str, evaluator: dict | None = None) -> dict:
         """The run settings of one problem under one strategy (agent.run.settings_for, as every entry point). A
@@ -384,13 +389,20 @@ def cache_key(sha: str) -> dict:
 TRANSIENT_ERRORS = ("out of memory", "did not finish")
 
 
-def cached_starter(store: Store, sha: str) -> dict | None:
+def cached_starter(store: Store, sha: str, timeout_s: float | None = None) -> dict | None:
+    """The run database's starter entry for a source on this device kind, torch and generator; None where there is
+    none, or its generation ran out of time and timeout_s allows more than it had."""
+    from agent.kernels.inductor import NoStarter
+
     device, torch_version = device_kind()
     rows = list(store.db.query(f"SELECT * FROM {STARTERS_TABLE} WHERE target_sha256 = ? AND device = ? AND "
                                "torch = ? AND generator = ?", [sha, device, torch_version, generator_version()]))
     if not rows:
         return None
     row = rows[0]
+    if timeout_s is not None and row["starter"] is None and NoStarter(row["error"] or "").kind == "timeout" \
+            and (row["seconds"] or 0.0) < timeout_s:
+        return None
     return {"starter": json.loads(row["starter"]) if row["starter"] else None, "error": row["error"],
             "seconds": row["seconds"]}
 
@@ -441,21 +453,24 @@ def starter_needed(store: Store, plan: SuitePlan, problem: Problem, strategy: st
         return None
     sha = source_sha256(problem.path)
     row = problem_row(store, plan.settings_key(strategy), problem, sha)
-    if (not finished(store, row) or plan.runs_again(problem, row)) and cached_starter(store, sha) is None:
+    timeout_s = plan.starter_timeout_s
+    if (not finished(store, row, timeout_s) or plan.runs_again(problem, row)) and \
+            cached_starter(store, sha, timeout_s) is None:
         return sha
     return None
 
 
-def finished(store: Store, row: dict | None) -> bool:
+def finished(store: Store, row: dict | None, starter_timeout_s: float | None = None) -> bool:
     """Whether a problem's row needs no more work: done, or skipped for a reason that still holds. A problem skipped
     for want of a starter runs again once that verdict is no longer current (the generator, the device kind or torch
-    changed): a fixed generator retries what it could not start."""
+    changed, or its generation ran out of time and starter_timeout_s allows more): a fixed generator retries what it
+    could not start."""
     from agent.policies.offline import NO_STARTER_PREFIX
 
     if row is None or row["status"] not in ("done", "skipped"):
         return False
     if row["status"] == "skipped" and (row["reason"] or "").startswith(NO_STARTER_PREFIX):
-        cached = cached_starter(store, row["target_sha256"])
+        cached = cached_starter(store, row["target_sha256"], starter_timeout_s)
         return cached is not None and cached["starter"] is None
     return True
 
@@ -480,6 +495,7 @@ class StarterPool:
         from sandbox.pipeline import MemoryGate
 
         self.cache = cache
+        self._timeout_s = plan.starter_timeout_s
         self._on_event = on_event
         self._store, self._owner = store, threading.get_ident()
         self._connections = threading.local()   # each generating thread writes through a connection of its own
@@ -547,7 +563,8 @@ class StarterPool:
         from agent.kernels.warm_generator import WarmGenerator
 
         visible = None if gpu is None else placement.gpu_list(str(gpu))[0]
-        generator = WarmGenerator(visible, started=_gpu_user(visible))
+        generator = WarmGenerator(visible, started=_gpu_user(visible),
+                                  **({"timeout_s": self._timeout_s} if self._timeout_s is not None else {}))
         with self._cond:
             self._generators.append(generator)
         try:
@@ -844,7 +861,7 @@ def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
     key = plan.settings_key(strategy)
     row = problem_row(store, key, problem, sha)
     again = plan.runs_again(problem, row)
-    if finished(store, row) and not again:
+    if finished(store, row, plan.starter_timeout_s) and not again:
         return row
     spent = 0.0 if again else (row or {}).get("seconds") or 0.0
     try:
@@ -895,7 +912,7 @@ def _start(store: Store, plan: SuitePlan, problem: Problem, strategy: str, sha: 
     target = runs.load_target(str(problem.path))
     if plan.policy == "offline":
         from agent.policies.offline import no_starter_message
-        cached = cached_starter(store, sha)
+        cached = cached_starter(store, sha, plan.starter_timeout_s)
         if cached is not None and cached["starter"] is None:
             raise runs.RunError(no_starter_message(target.name, cached["error"]))
         if cached is not None:

@@ -98,6 +98,7 @@ def test_discover_and_plans_refuse_bad_input_in_one_line(checkout, tmp_path):
     for args, message in (((checkout, "--levels", "x"), "--levels takes comma-separated numbers"),
                           ((checkout, "--max-attempts", 2, "--minutes-per-problem", 1), "not both"),
                           ((checkout, "--policy", "replay"), "not 'replay'"),
+                          ((checkout, "--starter-timeout", "-5"), "--starter-timeout must be more than 0 seconds"),
                           ((checkout, "--compile-mode", "reduce-overhead"), "unknown --compile-mode 'reduce-overhead'"),
                           ((tmp_path / "nope",), "no such file or folder")):
         result = cli("suite", *args, "--db", db)
@@ -879,3 +880,29 @@ def test_the_progress_says_which_starters_came_from_the_cache(monkeypatch):
         "starter 3/4 level1/3_op: generation stopped, nothing kept (the problem's run generates its own): "
         "stopped: generating Inductor's Triton failed (exit -9)"]
     assert view.starters["hits"] == 3
+
+
+def test_a_generation_that_ran_out_of_time_runs_again_given_more(tmp_path, monkeypatch):
+    """Level 3's whole networks ran out of the 300 s a generation gets beside 11 others. With --starter-timeout
+    longer than the time a kept timeout had, the problem is generated and run again; at the same limit or shorter
+    it stays skipped. The pool's warm children get the limit."""
+    from agent import suite
+    from agent.policies.offline import no_starter_message
+
+    limits = []
+    monkeypatch.setattr(WarmGenerator, "generate", lambda self, spec: limits.append(self.timeout_s) or _starter())
+    store, plan = _four_sources(tmp_path)
+    problem, sha = plan.problems[0], suite.source_sha256(plan.problems[0].path)
+    why = "timeout: torch.compile did not finish generating Triton within 300 s"
+    suite.keep_starter(store, sha, {"starter": None, "error": why, "seconds": 300.4})
+    suite.record(store, plan, problem, "refine", sha, status="skipped", reason=no_starter_message("1_Op", why))
+    row = suite.problem_row(store, plan.settings_key("refine"), problem, sha)
+    for timeout_s, again in ((None, False), (300, False), (200, False), (900, True)):
+        plan.starter_timeout_s = timeout_s
+        assert suite.finished(store, row, timeout_s) is not again
+        assert suite.starter_needed(store, plan, problem, "refine") == (sha if again else None)
+    _take_all(store, plan)
+    assert limits == [900] * 4   # the three never generated, and the one that ran out of time
+    assert suite.cached_starter(store, sha, 900)["starter"]["source"] == "# kernel"
+    with pytest.raises(suite.SuiteError, match="--starter-timeout must be more than 0 seconds, got 0"):
+        SuitePlan(plan.problems, starter_timeout_s=0)

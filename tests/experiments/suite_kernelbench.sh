@@ -9,7 +9,8 @@
 #                and this call continues where that one stopped (finished problems are skipped; the one in flight
 #                is resumed). A database over 15 MB gzipped comes back in parts, suite.db.gz.00, .01, ...: carry
 #                them back as DB.gz.00, DB.gz.01, ... A DB.xz (as results/ keeps databases) is unpacked likewise.
-#   Environment: LEVELS (1), PROBLEMS (globs of --problems; default all), RERUN (globs of --rerun), MAX_ATTEMPTS (3), JOBS (8 starters generated in parallel),
+#   Environment: LEVELS (1), PROBLEMS (globs of --problems; default all), RERUN (globs of --rerun), STARTER_TIMEOUT
+#   (--starter-timeout seconds), MAX_ATTEMPTS (3), JOBS (8 starters generated in parallel),
 #   GPUS (--gpus: all on a pair runs two problems at a time, one per GPU; default this process's GPU), BUDGET_S (400: seconds
 #   `kloop suite` runs before it is stopped with SIGINT, as Ctrl-C: the problem in flight is marked stopped, the
 #   report is written), OUT (out/).
@@ -44,6 +45,7 @@ fi
 args=("$KB" --levels "$LEVELS" --policy offline --max-attempts "$MAX_ATTEMPTS" --db "$DB" --out "$OUT/report")
 [ -n "${PROBLEMS:-}" ] && args+=(--problems "$PROBLEMS")
 [ -n "${RERUN:-}" ] && args+=(--rerun "$RERUN")
+[ -n "${STARTER_TIMEOUT:-}" ] && args+=(--starter-timeout "$STARTER_TIMEOUT")
 [ -n "${GPUS:-}" ] && args+=(--gpus "$GPUS")
 # --foreground: SIGINT reaches kloop alone, which stops its evaluator and generators itself; -k: a hard stop after
 timeout --foreground -s INT -k 45 "$BUDGET_S" python3 -m agent.cli suite "${args[@]}" --jobs "$JOBS" 2>&1 \
