@@ -476,6 +476,32 @@ def test_a_reference_split_into_two_graphs_runs_both_graphs_kernels_in_one_forwa
                 torch.testing.assert_close(got, want)
 
 
+BREAK_FIRST = TWO_GRAPHS.replace("""        y = torch.relu(self.fc1(x))
+        torch._dynamo.graph_break()
+""", """        torch._dynamo.graph_break()
+        y = torch.relu(self.fc1(x)) * x.shape[0]
+""")
+
+
+def test_a_graph_break_before_the_first_op_leaves_one_graph_named_by_the_forwards_locals():
+    """Dynamo then compiles the forward's resumed frame: its inputs are L['x'], L['x'].size()[0],
+    L['self']._modules['fc1']._parameters['weight'], not the traced function's arguments (level 3's 31 and 32 had no
+    starter on torch 2.11: "a graph input the generator cannot rebuild"). Found by identity, as between graphs."""
+    torch.manual_seed(0)
+    model = _cpu_module(BREAK_FIRST)["Model"]()
+    wrapper, sources = inductor.capture(model, [torch.randn(16, 32)])
+    assert sources == [f"L['args'][{i}]" for i in range(5)]
+    assert "args[4].shape[0]" in wrapper
+    generated = build_candidate(wrapper, sources, BREAK_FIRST, single_output=False, interpreter=True)
+    new = _cpu_module(generated.source)["ModelNew"]()
+    new.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for batch in (16, 5):
+            x = torch.randn(batch, 32)
+            for got, want in zip(new(x), model(x)):
+                torch.testing.assert_close(got, want)
+
+
 def test_a_reference_whose_tiling_analysis_asserts_is_captured_without_it(monkeypatch):
     """torch 2.11's coalescing analysis asserts, on a GPU, on a reduction over the channels of a convolution's
     output (KernelBench level 2's 25, 36, 58, 92): that failure is made here, and the capture goes on without it."""

@@ -344,12 +344,15 @@ def _capture(model, inputs: list, dynamic: bool) -> tuple[str, list[str]]:
     if data_dependent:  # a value read from a tensor's data would be a constant of the next graph
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs where it reads a tensor's data "
                         f"({' '.join(data_dependent[0].split())[:120]}), which no plan can replay")
-    if len(graphs) > 1 and len(codes) == len(graphs):
+    if len(graphs) == 1 and len(codes) == 1 and all(_SOURCE.match(source) for source in graphs[0]):
+        return codes[0], graphs[0]
+    # several graphs; or one whose inputs Dynamo names by another frame's locals (L['x'], L['self']._modules...: a
+    # graph break before the first op, the forward resumed as a frame of its own; level 3's 31 and 32 on torch 2.11):
+    # each input found by identity among the weights, the inputs and earlier graphs' outputs
+    if graphs and len(codes) == len(graphs):
         return glue_graphs(codes, graphs, calls, weights + list(inputs), result)
-    if len(graphs) != 1 or len(codes) != 1:
-        raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
-                        "starter needs one")
-    return codes[0], graphs[0]
+    raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs (graph breaks); a standalone "
+                    "starter needs one")
 
 
 # Dynamo's reasons for a graph break where the forward reads a tensor's data on the host
