@@ -178,3 +178,16 @@ def test_few_channels_taps_outer_too(case, monkeypatch):
     """Both loop orders compute the same convolution (which one runs is a channel-count threshold)."""
     monkeypatch.setattr(inductor_conv, "TAPS_OUTER_MIN_CHANNELS", 1)
     _check(case)
+
+
+@pytest.mark.parametrize("relayout", [0, 1])
+def test_the_weights_copy_is_a_setting(relayout, monkeypatch):
+    """CONV_W_RELAYOUT = 0 reads the weights as given (one launch fewer: a small convolution is bound by launches);
+    tuning times both."""
+    monkeypatch.setattr(inductor_conv, "CONV_W_RELAYOUT", relayout)
+    copies = []
+    monkeypatch.setattr(inductor_conv, "_conv_gather_kernel", _Recording(copies, inductor_conv._conv_gather_kernel))
+    for case in ("2d_square", "2d_transposed_wide"):   # flattened and taps-outer
+        _check(case)
+    assert len(copies) == 2 * relayout
+    assert {**inductor_conv.DEFAULTS, "CONV_W_RELAYOUT": 0} in inductor_conv.CONFIGS

@@ -1213,8 +1213,9 @@ def _notes(kernels: list[Kernel], main_from: int | None, convolves: bool, own: l
         notes += (f"; the main shape runs the kernels Inductor compiled for its sizes (K{main_from} on, the "
                   "tunables), any other shape those compiled for dynamic sizes (Inductor's first configuration)")
     if convolves:
-        notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time; "
-                  "a depthwise one _conv_depthwise_kernel while CONV_DIRECT), tuned by the CONV_* constants")
+        notes += ("; its convolutions run kloop's implicit-GEMM Triton kernel (_conv_kernel, sizes at run time, "
+                  "the weights copied output channels innermost while CONV_W_RELAYOUT; a depthwise one "
+                  "_conv_depthwise_kernel while CONV_DIRECT), tuned by the CONV_* constants")
     notes += "".join(f"; {part.NOTE}" for part in own)
     return notes
 

@@ -14,8 +14,8 @@ gathered with masks (a transposed convolution gathers the input positions whose 
 stride, grid z also picks a stride phase of the output, whose taps all contribute, rather than masking (S-1)/S of
 them per dimension): a kernel tap at a time with its channels in BLOCK_K steps where a group has 16 input channels or
 more (the position math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps. The kernel reads
-the weights re-laid with the output channels innermost (a Triton copy per call), so a weight tile's loads coalesce;
-the flattened path gathers its input tile transposed, for the same reason (measured in
+the weights re-laid with the output channels innermost (a Triton copy per call, while CONV_W_RELAYOUT), so a weight
+tile's loads coalesce; the flattened path gathers its input tile transposed, for the same reason (measured in
 tests/experiments/conv_layouts.py: results/conv-layouts-h200/). 1-D and 2-D
 convolutions run as 3-D with leading sizes of 1. Sizes, strides and convolution parameters are runtime arguments, so
 one compiled kernel serves every shape. fp32 inputs use 3xTF32 dot products (tensor cores, about fp32's accuracy;
@@ -50,26 +50,29 @@ CONV_NUM_WARPS = 4
 CONV_NUM_STAGES = 2
 CONV_DIRECT = 1
 CONV_DIRECT_BLOCK = 1024
+CONV_W_RELAYOUT = 1
 
 INT32_REACH = 2**31 - 1
 TAPS_OUTER_MIN_CHANNELS = 16   # a group with fewer input channels flattens (channel, tap) pairs into its reduction
 PRODUCT_SUM_MAX_N = 4   # a group with more output channels takes the 3xTF32 dot, its tile at least 16 wide
 TUNABLES = {"CONV_BLOCK_M": [16, 32, 64, 128], "CONV_BLOCK_N": [16, 32, 64, 128], "CONV_BLOCK_K": [16, 32, 64],
             "CONV_NUM_WARPS": [2, 4, 8], "CONV_NUM_STAGES": [1, 2, 3, 4], "CONV_DIRECT": [0, 1],
-            "CONV_DIRECT_BLOCK": [256, 512, 1024, 2048]}
+            "CONV_DIRECT_BLOCK": [256, 512, 1024, 2048], "CONV_W_RELAYOUT": [0, 1]}
 DEFAULTS = {"CONV_BLOCK_M": CONV_BLOCK_M, "CONV_BLOCK_N": CONV_BLOCK_N, "CONV_BLOCK_K": CONV_BLOCK_K,
             "CONV_NUM_WARPS": CONV_NUM_WARPS, "CONV_NUM_STAGES": CONV_NUM_STAGES, "CONV_DIRECT": CONV_DIRECT,
-            "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK}
+            "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK, "CONV_W_RELAYOUT": CONV_W_RELAYOUT}
 # Settings timed beside the defaults when a starter is generated on a GPU (agent/kernels/starter_tune.py): the tiles
 # of Inductor's own convolution template configurations that fit TUNABLES, wide and narrow in the output channels
 # (a depthwise group has one), deep and shallow in the reduction, all as implicit GEMMs; and the depthwise
-# kernel's other block sizes (the defaults run it; a convolution that is not depthwise ignores these two).
+# kernel's other block sizes (the defaults run it; a convolution that is not depthwise ignores these two); and the
+# defaults without the weights' copy (CONV_W_RELAYOUT = 0: one launch fewer, where a small convolution is bound by
+# launches rather than by its loads).
 CONFIGS = [
     {"CONV_BLOCK_M": m, "CONV_BLOCK_N": n, "CONV_BLOCK_K": k, "CONV_NUM_WARPS": w, "CONV_NUM_STAGES": s,
-     "CONV_DIRECT": 0, "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK}
+     "CONV_DIRECT": 0, "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK, "CONV_W_RELAYOUT": 1}
     for m, n, k, w, s in [(128, 128, 32, 8, 2), (64, 64, 32, 4, 2), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
                           (128, 32, 16, 4, 2), (32, 64, 16, 2, 2), (128, 16, 16, 4, 2), (64, 32, 32, 4, 3)]
-] + [{**DEFAULTS, "CONV_DIRECT_BLOCK": block} for block in (512, 2048)]
+] + [{**DEFAULTS, "CONV_DIRECT_BLOCK": block} for block in (512, 2048)] + [{**DEFAULTS, "CONV_W_RELAYOUT": 0}]
 # Under the CPU interpreter every program is Python over numpy tiles: few, large programs (6x faster on a 16 x 2 x
 # 32 x 32 input, 64 output channels).
 INTERPRETER_DEFAULTS = {**DEFAULTS, "CONV_BLOCK_M": 1024}
@@ -377,8 +380,9 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
             BLOCK=CONV_DIRECT_BLOCK, num_warps=CONV_NUM_WARPS)
         return y
     taps_outer = c_in_g >= TAPS_OUTER_MIN_CHANNELS
-    w = _output_channels_inner(w, transposed, taps_outer)
-    w_strides = _strides_3d(w, lead)
+    if CONV_W_RELAYOUT:
+        w = _output_channels_inner(w, transposed, taps_outer)
+        w_strides = _strides_3d(w, lead)
     # A reduction shorter than BLOCK_K, or a group narrower than BLOCK_N, is masked to zeros in the dot's tile. The
     # product-and-sum path keeps under 16 columns (Triton 3.6 makes a wider one a TF32 dot: the docstring).
     use_dot = c_out_g > PRODUCT_SUM_MAX_N
