@@ -636,3 +636,20 @@ def test_on_a_gpu_the_lstm_starter_times_its_recurrence_settings_and_the_evaluat
     assert any("RNN_BLOCK_H" in choice for group in generated.choices for choice in group)
     result = evaluate(load_target(str(spec)), generated.source)
     assert result.verdict == "correct", result.reasons
+
+
+def test_a_reference_import_the_rules_refuse_becomes_a_probe_in_the_starter():
+    """Level 3's Mamba problems import einops, which only their forward uses (ModelNew replaces it): the starter
+    keeps the import in a try that does without it, which the rules allow; an allowed import stays as it is."""
+    from tools.rules import check_source
+
+    reference = ("import math\nimport torch\nfrom einops import rearrange\nimport einops.layers.torch as lt\n\n\n"
+                 "class Model(torch.nn.Module):\n    def forward(self, x):\n        return rearrange(x, 'a b -> b a')\n\n"
+                 "\ndef get_inputs():\n    return [torch.randn(2, 3)]\n")
+    part = inductor.reference_part(reference)
+    assert part.startswith("import math\nimport torch\ntry:  # the reference's forward alone uses it\n"
+                           "    from einops import rearrange\nexcept ImportError:\n    pass\ntry:")
+    assert "get_inputs" not in part
+    candidate = part + "\n\nclass ModelNew(Model):\n    def forward(self, x):\n        return x\n"
+    assert not [r for r in check_source(candidate) if "import" in r]
+    assert [r for r in check_source(reference + candidate[len(part):]) if "einops is not allowed" in r]
