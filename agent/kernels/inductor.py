@@ -362,9 +362,10 @@ _SIZE_SOURCE = re.compile(r"^(?P<base>.+)\.(?:size\(\)\[(?P<size>\d+)\]|stride\(
 
 
 def glue_graphs(codes: list[str], graphs: list[list[str]], calls: list, flat: list, result) -> tuple[str, list[str]]:
-    """One wrapper, as Inductor would write it, for a reference that torch.compile splits into several graphs, and
-    its graph inputs (the whole of `flat`): each graph's kernels (renamed `<kernel>_g<graph>`), and a `call` that runs
-    the graphs' own calls in the order the forward ran them, each taking what the forward passed it: a tensor of
+    """One wrapper, as Inductor would write it, for a reference that torch.compile splits into several graphs (or one
+    whose inputs another frame's locals name), and its graph inputs (the whole of `flat`): each graph's kernels
+    (renamed `<kernel>_g<graph>`), and a `call` that runs the graphs' own calls in the order the forward ran them,
+    each taking what the forward passed it: a tensor of
     `flat` or an earlier graph's output (known by identity from the reference's run), a size or stride of one of
     its tensors. NoStarter where the forward passes a graph anything else (a tensor PyTorch computed between the
     graphs, a Python int of its own): nothing a plan could replay."""
