@@ -30,7 +30,8 @@ A problem's run is recorded as `running` before its loop starts, so after `kill 
 (agent.run.resume: at most the attempt in flight is lost); Ctrl-C marks it `stopped` (resumed the same way) and
 re-raises. A problem that cannot run (its reference fails, no starter, a file that is no KernelBench module) is
 `skipped` with its one-line reason (one skipped for want of a starter runs again once the starter generator,
-the device kind or torch changed); a run that fails (RunFailed) is `failed` and tried again by the next call.
+the device kind or torch changed); a run that fails (RunFailed) is `failed` and tried again by the next call, as is
+a reference that ran out of GPU memory, which its lane also takes again once after the others.
 Neither stops the suite. Nothing here prints: progress goes to `on_event` as dicts (kinds: starters (cache hits
 and misses), starter, starter_later, problem, problem_done, and the loop's own events).
 """
@@ -730,6 +731,11 @@ class _Work:
                         return index, item, self._starters.entry(item)
             self._starters.wait(1.0)
 
+    def later(self, index: int, item: tuple[Problem, str]) -> None:
+        """Hand `item` out again after every item now left (its starter, if any, is kept in the database)."""
+        with self._lock:
+            self._left.append((index, item))
+
 
 def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work: _Work, evaluator: dict,
           session=None, tag: bool = False, lending: "_Lending | None" = None, lane: int = 0) -> None:
@@ -743,7 +749,7 @@ def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work:
     if lending is not None:
         lending.running(lane, session)
 
-    def run_one(index: int, problem: Problem, strategy: str) -> None:
+    def run_one(index: int, problem: Problem, strategy: str) -> dict:
         on_event({"kind": "problem", "index": index, "total": work.total, "problem": problem.key,
                   "strategy": strategy, **tally(store, rows_of(store, plan))})
         events = (lambda event, key=problem.key: on_event({**event, "problem": key})) if tag else on_event
@@ -751,13 +757,18 @@ def _lane(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], work:
         on_event({"kind": "problem_done", "index": index, "total": work.total, "problem": problem.key,
                   "strategy": strategy, "status": row["status"], "reason": row.get("reason"),
                   "best": _best_of(store, row.get("run_id")), **tally(store, rows_of(store, plan))})
+        return row
 
+    retried = set()
     try:
         while (taken := work.next_item()) is not None:
             index, (problem, strategy), starter = taken
             if starter is not None:
                 keep_starter(store, starter["target_sha256"], starter)
-            run_one(index, problem, strategy)
+            row = run_one(index, problem, strategy)
+            if row["status"] == "failed" and out_of_memory(row.get("reason")) and index not in retried:
+                retried.add(index)   # once, after the others: by then fewer starters generate beside it
+                work.later(index, (problem, strategy))
         if lending is not None:
             lending.idle(lane)
     finally:
@@ -872,7 +883,10 @@ def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
         record(store, plan, problem, strategy, sha, status="done", finished_at=now())
         return problem_row(store, key, problem, sha)
     except runs.RunError as e:
-        record(store, plan, problem, strategy, sha, status="skipped", reason=str(e), finished_at=now())
+        # out of GPU memory beside the starters generating there (level 1's 6 GB ReLU beside 8 of them): not the
+        # problem's own verdict, so failed, and run again (the lane later in this suite, else a resumed suite)
+        status = "failed" if out_of_memory(str(e)) else "skipped"
+        record(store, plan, problem, strategy, sha, status=status, reason=str(e), finished_at=now())
         return problem_row(store, key, problem, sha)
     record(store, plan, problem, strategy, sha, status="running", run_id=r.id, reason=None,
            **({"started_at": now(), "finished_at": None} if again else {}))
@@ -894,6 +908,11 @@ def _run_problem(store: Store, plan: SuitePlan, problem: Problem, strategy: str,
     record(store, plan, problem, strategy, sha, status="done", seconds=spent + time.monotonic() - began,
            finished_at=now())
     return problem_row(store, key, problem, sha)
+
+
+def out_of_memory(reason: str | None) -> bool:
+    """Whether a problem's reason is its GPU running out of memory (torch's OutOfMemoryError)."""
+    return reason is not None and ("OutOfMemoryError" in reason or "CUDA out of memory" in reason)
 
 
 def _resume(store: Store, row: dict):

@@ -906,3 +906,36 @@ def test_a_generation_that_ran_out_of_time_runs_again_given_more(tmp_path, monke
     assert suite.cached_starter(store, sha, 900)["starter"]["source"] == "# kernel"
     with pytest.raises(suite.SuiteError, match="--starter-timeout must be more than 0 seconds, got 0"):
         SuitePlan(plan.problems, starter_timeout_s=0)
+
+
+def test_a_reference_out_of_gpu_memory_is_run_again_after_the_others_never_skipped(tmp_path, monkeypatch):
+    """Level 1's elementwise references (6 GB inputs) ran out of GPU memory beside 8 starters generating and were
+    kept as skipped for good. Such a problem is failed, its lane takes it again after the others; a reference that
+    fails for its own reasons stays skipped."""
+    from agent import run as runs
+    from agent import suite
+
+    oom = "target {}: the reference fails at its main shape: OutOfMemoryError: CUDA out of memory. Tried to allocate 6 GiB"
+    started = []
+
+    def fake_start(store, plan, problem, strategy, sha, evaluator=None):
+        started.append(problem.key)
+        if problem.key == "1_Op" and started.count("1_Op") == 1:
+            raise runs.RunError(oom.format(problem.key))
+        if problem.key == "2_Op":
+            raise runs.RunError("target 2_Op: the reference fails at its main shape: ValueError: bad")
+        raise runs.RunFinished()
+
+    monkeypatch.setattr(suite, "_start", fake_start)
+    store, plan = _four_sources(tmp_path)
+    plan = SuitePlan(plan.problems, policy="openai")
+    suite.run_suite(store, plan, lambda event: None)
+    assert started == ["1_Op", "2_Op", "3_Op", "4_Op", "1_Op"]
+    statuses = {row["problem"]: row["status"] for row in suite.rows_of(store, plan)}
+    assert statuses == {"1_Op": "done", "2_Op": "skipped", "3_Op": "done", "4_Op": "done"}
+    problem, key = plan.problems[0], plan.settings_key("refine")
+    sha = suite.source_sha256(problem.path)
+    monkeypatch.setattr(suite, "_start", lambda *a, **k: (_ for _ in ()).throw(runs.RunError(oom.format("1_Op"))))
+    suite.record(store, plan, problem, "refine", sha, status="running")
+    assert suite._run_problem(store, plan, problem, "refine", lambda e: None, None)["status"] == "failed"
+    assert not suite.finished(store, suite.problem_row(store, key, problem, sha))   # a resumed suite runs it again
