@@ -653,3 +653,29 @@ def test_a_reference_import_the_rules_refuse_becomes_a_probe_in_the_starter():
     candidate = part + "\n\nclass ModelNew(Model):\n    def forward(self, x):\n        return x\n"
     assert not [r for r in check_source(candidate) if "import" in r]
     assert [r for r in check_source(reference + candidate[len(part):]) if "einops is not allowed" in r]
+
+
+def test_weight_sizes_no_checked_shape_changes_are_constants_and_the_starter_refuses_others():
+    """Every weight size symbolic, ResNet18's capture spent over 600 s in Inductor and sympy (30 s with its sizes
+    fixed). A size only the constructor reads (tiny_linear's out_features) is a constant of the starter's dynamic
+    kernels; in_features, which the hidden variants change, stays an argument. A Model built with another
+    out_features is refused, never computed with the wrong size."""
+    from agent.kernels.starter_tune import _loaded
+    from sandbox.evaluate import evaluate
+
+    spec = "tests/targets/tiny_linear.py"
+    assert inductor.fixed_sizes(load_target(spec).state_shapes()) == ((0, 0, 40), (1, 0, 40))
+    assert inductor.fixed_sizes([[(4, 3)], [(4, 5)], [(4, 5)]]) == ((0, 0, 4),)
+    assert inductor.fixed_sizes([[(4, 3)], [(4, 3), (2,)]]) == ()          # a tensor more at another shape
+    generated = inductor.generate(spec, small=True)
+    with _loaded(generated.source) as module:
+        assert module._FIXED_SIZES == ((0, 0, 40), (1, 0, 40))
+        for in_features in (48, 17):   # the main shape's kernels, then the dynamic ones
+            model = module.ModelNew(in_features, 40)
+            x = torch.randn(5, in_features)
+            torch.testing.assert_close(model(x), torch.nn.functional.linear(x, model.linear.weight, model.linear.bias))
+        with pytest.raises(ValueError, match="parameter or buffer 0 has 24 in dim 0; this starter's kernels were "
+                                             "generated for 40"):
+            module.ModelNew(48, 24)(torch.randn(5, 48))
+    result = evaluate(load_target(spec), generated.source)   # the main shape and two hidden variants
+    assert result.verdict == "correct", result.reasons

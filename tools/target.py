@@ -111,6 +111,14 @@ class Target:
                 self._plans[key] = 0
         return self._plans[key]
 
+    def state_shapes(self) -> list[list[tuple[int, ...]]] | None:
+        """The sizes of the reference Model's parameters and buffers, in Model's order, at each checked shape, full
+        size and CPU size (built on the meta device: no memory); None where the Model cannot be built there."""
+        if "state_shapes" not in self._plans:
+            shapes = self.shapes(small=False) + self.shapes(small=True)
+            self._plans["state_shapes"] = _meta_state_shapes([self.module_for(shape) for shape in shapes])
+        return self._plans["state_shapes"]
+
     def shape_note(self, small: bool) -> str:
         """One line on where shapes(small) came from."""
         return self._plan(small)[1]
@@ -222,6 +230,20 @@ def _meta_state_bytes(module: ModuleType) -> int:
     if not isinstance(model, torch.nn.Module):
         return 0
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def _meta_state_shapes(modules: list[ModuleType]) -> list[list[tuple[int, ...]]] | None:
+    found = []
+    for module in modules:
+        try:
+            with torch.device("meta"):
+                model = module.Model(*module.get_init_inputs())
+        except Exception:
+            return None
+        if not isinstance(model, torch.nn.Module):
+            return None
+        found.append([tuple(t.shape) for t in [*model.parameters(), *model.buffers()]])
+    return found
 
 
 def check_reference(target: Target) -> None:

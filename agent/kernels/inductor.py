@@ -3,7 +3,8 @@ into one standalone candidate module.
 
 The reference runs through Dynamo with every tensor (parameters, buffers, inputs) a plain graph input and dynamic
 sizes (no duck sizing), so the generated kernels take their sizes as arguments and serve the hidden shape variants
-too. Where PyTorch would fix a size as a constant, or Inductor would call ATen, the trace computes the same thing
+too; a parameter's or buffer's size that no checked shape changes (a network's channel counts) stays a constant
+(fixed_sizes), and the candidate refuses a Model built with another. Where PyTorch would fix a size as a constant, or Inductor would call ATen, the trace computes the same thing
 another way (`_traceable_ops`: layer_norm, InstanceNorm, max_pool1d, a large avg_pool3d window, attention), and
 every convolution is one opaque op that kloop's own Triton kernel computes (agent/kernels/inductor_conv.py;
 Inductor's conv template fixes channels and kernel size, cuDNN is a library call). Sizes that other modules fix at
@@ -250,10 +251,11 @@ def _configure(cuda: bool) -> None:
         inductor_config.benchmark_epilogue_fusion = False
 
 
-def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
+def capture(model, inputs: list, dynamic: bool = True, fixed: tuple = ()) -> tuple[str, list[str]]:
     """Inductor's wrapper module source for `model(*inputs)`, and the Dynamo source of each graph input
     (`L['args'][i]`, `L['args'][i].size()[d]`): the translated wrapper's `args`, in order. dynamic: sizes as
     arguments (the kernels serve every shape); else those of `inputs`, as torch.compile compiles a first call.
+    fixed: with dynamic, the (parameter or buffer index, dim, size) that stay constants (fixed_sizes).
 
     Inductor's memory-coalescing analysis (a tiling heuristic) asserts on some symbolic shapes: torch 2.11 on a GPU,
     a reduction over the channels of kloop::convolution's output (KernelBench level 2's 25, 36, 58 and 92). Such a
@@ -261,12 +263,12 @@ def capture(model, inputs: list, dynamic: bool = True) -> tuple[str, list[str]]:
     import torch._inductor.config as inductor_config
 
     try:
-        return _capture(model, inputs, dynamic)
+        return _capture(model, inputs, dynamic, fixed)
     except Exception as e:  # noqa: BLE001
         if not _failed_in_tiling_analysis(e):
             raise
     with inductor_config.patch({"triton.coalesce_tiling_analysis": False}):
-        return _capture(model, inputs, dynamic)
+        return _capture(model, inputs, dynamic, fixed)
 
 
 def _failed_in_tiling_analysis(error: BaseException) -> bool:
@@ -280,7 +282,22 @@ def _failed_in_tiling_analysis(error: BaseException) -> bool:
     return False
 
 
-def _capture(model, inputs: list, dynamic: bool) -> tuple[str, list[str]]:
+def fixed_sizes(state_shapes: list[list[tuple[int, ...]]] | None) -> tuple[tuple[int, int, int], ...]:
+    """(index among Model's parameters then buffers, dim, size) of each such size that is the same at every checked
+    shape, full and CPU size (Target.state_shapes: a starter made on a GPU is also checked on the CPU): the Model's
+    construction fixes it, so the capture keeps it a constant. A whole network
+    with every weight size symbolic spent its generation in Inductor's code generation and sympy (ResNet18 at CPU size:
+    over 600 s, 30 s with these fixed). None fixed where the Model cannot be built on meta or its tensors change."""
+    if not state_shapes or len({len(shapes) for shapes in state_shapes}) != 1:
+        return ()
+    fixed = []
+    for i, shapes in enumerate(zip(*state_shapes)):
+        if len({len(shape) for shape in shapes}) == 1:
+            fixed += [(i, d, sizes[0]) for d, sizes in enumerate(zip(*shapes)) if len(set(sizes)) == 1]
+    return tuple(fixed)
+
+
+def _capture(model, inputs: list, dynamic: bool, fixed: tuple = ()) -> tuple[str, list[str]]:
     import torch
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
@@ -333,6 +350,8 @@ def _capture(model, inputs: list, dynamic: bool) -> tuple[str, list[str]]:
         return torch.func.functional_call(model, dict(zip(names, args[:len(names)])), tuple(args[len(names):]))
 
     torch._dynamo.reset()
+    for i, dim, _size in fixed if dynamic else ():
+        torch._dynamo.mark_static(weights[i], dim)
     breaks = torch._dynamo.utils.counters["graph_break"]
     breaks.clear()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
@@ -1082,6 +1101,13 @@ def _empty_strided(device, size, stride, dtype):
 def _reinterpret_tensor(t, size, stride, offset):
     return t.as_strided(size, stride, t.storage_offset() + offset)
 ''',
+    "_check_fixed": '''
+def _check_fixed(flat):
+    for i, dim, size in _FIXED_SIZES:
+        if flat[i].shape[dim] != size:
+            raise ValueError(f"parameter or buffer {i} has {flat[i].shape[dim]} in dim {dim}; this starter's kernels "
+                             f"were generated for {size}")
+''',
     "_layout": '''
 def _layout(values):
     return tuple((tuple(v.shape), tuple(v.stride()), v.storage_offset(), str(v.dtype))
@@ -1111,11 +1137,14 @@ def _kernel_texts(wrapper: str) -> dict[str, str]:
 
 
 def build_candidate(wrapper: str, sources: list[str], reference_source: str, single_output: bool,
-                    interpreter: bool = False, main: tuple[str, list[str], tuple] | None = None) -> Generated:
+                    interpreter: bool = False, main: tuple[str, list[str], tuple] | None = None,
+                    fixed: tuple = ()) -> Generated:
     """The standalone candidate module from Inductor's wrapper source and its graph inputs (interpreter: for the
     CPU interpreter, see INTERPRETER_TILE). main: Inductor's wrapper and graph inputs for the main shape compiled
     with static sizes, and that shape's `layout`; the candidate runs those kernels on exactly that layout (their
-    tunables are the starter's) and the dynamic ones on any other."""
+    tunables are the starter's) and the dynamic ones on any other. fixed: the parameter and buffer sizes the
+    dynamic kernels were captured with as constants (fixed_sizes); the candidate refuses other sizes (ValueError)
+    rather than computing with them."""
     from agent.kernels import inductor_conv
 
     texts = _kernel_texts(wrapper)
@@ -1156,14 +1185,16 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     if convolves:
         parts.append("\n" + inductor_conv.candidate_source())
     parts += ["\n" + part.candidate_source(call) for part in own]
-    body = _call_expression(sources, "_inductor_call")
+    lines = [f"outs = {_call_expression(sources, '_inductor_call')}"]
+    if fixed:
+        lines.insert(0, "_check_fixed(flat)")
+        call = f"_FIXED_SIZES = {tuple(fixed)!r}\n\n\n" + call
     if main is not None:
-        body = (f"if _layout(flat) == _MAIN_LAYOUT:  # the shape the main kernels were compiled for\n"
-                f"            outs = {_call_expression(main_sources, '_inductor_call_main')}\n"
-                f"        else:\n            outs = {body}")
+        main_call = f"outs = {_call_expression(main_sources, '_inductor_call_main')}"
+        lines = ["if _layout(flat) == _MAIN_LAYOUT:  # the shape the main kernels were compiled for",
+                 f"    {main_call}", "else:", *(f"    {line}" for line in lines)]
         call = f"_MAIN_LAYOUT = {main_layout!r}\n\n\n" + call
-    else:
-        body = f"outs = {body}"
+    body = "\n        ".join(lines)
     code = "\n".join(parts[1:] + [call, body])
     parts += [helper for name, helper in RUNTIME.items() if re.search(rf"\b{name}\(", code)]
     parts.append("\n" + call)
@@ -1277,7 +1308,8 @@ def generate_here(target_spec: str, small: bool) -> Generated:
     if not single and not (isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out)):
         raise NoStarter(f"the reference returns a {type(out).__name__}, not tensors")
     try:
-        wrapper, sources = capture(model, inputs)
+        fixed = fixed_sizes(target.state_shapes())
+        wrapper, sources = capture(model, inputs, fixed=fixed)
     except NoStarter:
         raise
     except Exception as e:  # Inductor's own failures, one line
@@ -1288,11 +1320,11 @@ def generate_here(target_spec: str, small: bool) -> Generated:
         raise NoStarter(f"torch.compile could not generate code for the reference: {type(e).__name__}: {message}") \
             from None
     interpreter = DEVICE.type != "cuda"
-    generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter))
+    generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter, fixed=fixed))
     try:  # the main shape's own kernels, as torch.compile makes them: where it falls short, dynamic ones serve it
         main_wrapper, main_sources = capture(model, inputs, dynamic=False)
         main = (main_wrapper, main_sources, layout(list(model.parameters()) + list(model.buffers()) + inputs))
-        generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter, main))
+        generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter, main, fixed))
     except Exception as e:  # noqa: BLE001
         message = " ".join(f"{type(e).__name__}: {e}".split())[:200]
         generated = replace(generated, notes=f"{generated.notes}; no kernels of the main shape's own ({message})")
