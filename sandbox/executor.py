@@ -419,7 +419,6 @@ class Executor:
             from tools.assemble import triton_kernel_resources
 
             row.update({key: v for key, v in triton_kernel_resources(kernel).items() if key not in ("ptx", "arch")})
-            row["ptx"] = k.ptx
         elif k.kind == "ptx":
             from tools.assemble import theoretical_occupancy
 
@@ -433,7 +432,6 @@ class Executor:
                 occupancy = None
             row.update(source="ptxas", registers=usage["registers"], spills=usage["spill_stores_bytes"] // 4,
                        shared_bytes=shared, threads=threads, occupancy=occupancy)
-            row["ptx"] = k.ptx
         else:
             row["source"] = "triton-interpreter"
         return row

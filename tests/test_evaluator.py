@@ -518,6 +518,28 @@ def test_the_sass_of_a_ptx_kernel_that_no_longer_assembles_is_left_out_without_a
     assert result.sass == {}
 
 
+def test_a_whole_networks_ptx_comes_from_the_plan_not_through_the_executors_size_limited_reply():
+    # Level 3's AlexNet and GoogleNet on an H200: 40-60 kernels' PTX echoed in the load reply passed its 1 MiB limit,
+    # and every attempt was a runtime error. The reply carries each kernel's resources; the trusted side takes the
+    # PTX from the plan it already holds, in the plan's kernel order.
+    from types import SimpleNamespace
+
+    from sandbox import process
+    from sandbox.plan import Kernel
+    from sandbox.stages.loading import Loading
+    from tools.result import EvalResult
+
+    ptx = "// " + "x" * 40_000 + "\n"
+    plan = SimpleNamespace(kernels=[Kernel(kind="triton", name=f"k{i}", ptx=f"{ptx}// {i}") for i in range(60)] +
+                           [Kernel(kind="interpreted", name="cpu")])
+    assert sum(len(k.ptx) for k in plan.kernels) > process.MAX_REPLY
+    rows = [{"kernel": k.name, "source": "triton", "launches": 1, "registers": 32} for k in plan.kernels]
+    stage = SimpleNamespace(result=EvalResult())
+    Loading._take_resources(stage, rows, plan)
+    assert [r.kernel for r in stage.result.resources] == [k.name for k in plan.kernels]
+    assert stage.result.ptx["k7"].endswith("// 7") and len(stage.result.ptx) == 60
+
+
 @pytest.mark.parametrize("cuda, best_us, best_sha, factor, pruned", [
     (True, 100.0, "this", 10.0, True),     # 1500 us against a 100 us best: over 10x
     (True, 200.0, "this", 10.0, False),    # 7.5x: verified and timed as usual

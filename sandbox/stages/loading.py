@@ -52,7 +52,7 @@ class Loading(Stage):
                 return
             plan = load_plan(self.plans_dir / str(i) / "plan.json")
             if i == 0:
-                self._take_resources(reply.get("resources") or [])
+                self._take_resources(reply.get("resources") or [], plan)
                 self.io_bytes = sum(x.nbytes for x in plan.inputs if x.dtype is not None) + \
                     sum(ITEMSIZE[o.dtype] * math.prod(o.shape) for o in plan.outputs)
             self.output_meta.append([{"dtype": o.dtype, "shape": o.shape} for o in plan.outputs])
@@ -83,10 +83,11 @@ class Loading(Stage):
         self.result.timing_note = PTX_NOT_RUN
         self._finish("runtime_error", "not run: no CUDA GPU here (PTX is assembled, not run, without a GPU)")
 
-    def _take_resources(self, rows: list[dict]) -> None:
-        for row in rows:
-            ptx = row.pop("ptx", None)
-            if ptx:
-                self.result.ptx[row["kernel"]] = ptx
+    def _take_resources(self, rows: list[dict], plan) -> None:
+        """The executor's resource rows, one per plan kernel in order; each kernel's PTX from the plan itself (in the
+        reply, a whole network's PTX outgrew its size limit: level 3's AlexNet, 1 MiB)."""
+        for row, kernel in zip(rows, plan.kernels):
+            if kernel.ptx:
+                self.result.ptx[kernel.name] = kernel.ptx
             self.result.resources.append(Resources(**{k: v for k, v in row.items()
                                                       if k in Resources.__dataclass_fields__}))
