@@ -664,9 +664,11 @@ def test_weight_sizes_no_checked_shape_changes_are_constants_and_the_starter_ref
     from sandbox.evaluate import evaluate
 
     spec = "tests/targets/tiny_linear.py"
-    assert inductor.fixed_sizes(load_target(spec).state_shapes()) == ((0, 0, 40), (1, 0, 40))
-    assert inductor.fixed_sizes([[(4, 3)], [(4, 5)], [(4, 5)]]) == ((0, 0, 4),)
-    assert inductor.fixed_sizes([[(4, 3)], [(4, 3), (2,)]]) == ()          # a tensor more at another shape
+    assert inductor.fixed_sizes([(40, 48), (40,)], load_target(spec).state_shapes()) == ((0, 0, 40), (1, 0, 40))
+    assert inductor.fixed_sizes([(4, 3)], [[(4, 3)], [(4, 5)]]) == ((0, 0, 4),)
+    # a Model with another tensor (fewer layers at CPU size) is one this starter cannot serve: it fixes nothing
+    assert inductor.fixed_sizes([(4, 3)], [[(4, 3)], [(4, 5), (2,)]]) == ((0, 0, 4), (0, 1, 3))
+    assert inductor.fixed_sizes([(4, 3)], None) == ()                       # no Model on the meta device
     generated = inductor.generate(spec, small=True)
     with _loaded(generated.source) as module:
         assert module._FIXED_SIZES == ((0, 0, 40), (1, 0, 40))

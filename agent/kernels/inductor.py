@@ -4,11 +4,12 @@ into one standalone candidate module.
 The reference runs through Dynamo with every tensor (parameters, buffers, inputs) a plain graph input and dynamic
 sizes (no duck sizing), so the generated kernels take their sizes as arguments and serve the hidden shape variants
 too; a parameter's or buffer's size that no checked shape changes (a network's channel counts) stays a constant
-(fixed_sizes), and the candidate refuses a Model built with another. Where PyTorch would fix a size as a constant, or Inductor would call ATen, the trace computes the same thing
-another way (`_traceable_ops`: layer_norm, InstanceNorm, max_pool1d, a large avg_pool3d window, attention), and
-every convolution is one opaque op that kloop's own Triton kernel computes (agent/kernels/inductor_conv.py;
-Inductor's conv template fixes channels and kernel size, cuDNN is a library call). Sizes that other modules fix at
-construction stay constants (Dynamo specializes them). The candidate holds:
+(fixed_sizes), and the candidate refuses a Model built with another. Where PyTorch would fix a size as a constant,
+or Inductor would call ATen, the trace computes the same thing another way (`_traceable_ops`: layer_norm,
+InstanceNorm, max_pool1d, a large avg_pool3d window, attention), and every convolution is one opaque op that kloop's
+own Triton kernel computes (agent/kernels/inductor_conv.py; Inductor's conv template fixes channels and kernel size,
+cuDNN is a library call). Sizes that other modules fix at construction stay constants (Dynamo specializes them).
+The candidate holds:
 - Inductor's `@triton.jit` kernels, verbatim except that `triton_helpers.f` calls become copies of those helper
   functions (`_th_f`, themselves `@triton.jit`) and `tl_math` is `tl.math`; libdevice comes from
   `triton.language.extra` (no import of Inductor's runtime);
@@ -282,19 +283,20 @@ def _failed_in_tiling_analysis(error: BaseException) -> bool:
     return False
 
 
-def fixed_sizes(state_shapes: list[list[tuple[int, ...]]] | None) -> tuple[tuple[int, int, int], ...]:
-    """(index among Model's parameters then buffers, dim, size) of each such size that is the same at every checked
-    shape, full and CPU size (Target.state_shapes: a starter made on a GPU is also checked on the CPU): the Model's
-    construction fixes it, so the capture keeps it a constant. A whole network
-    with every weight size symbolic spent its generation in Inductor's code generation and sympy (ResNet18 at CPU size:
-    over 600 s, 30 s with these fixed). None fixed where the Model cannot be built on meta or its tensors change."""
-    if not state_shapes or len({len(shapes) for shapes in state_shapes}) != 1:
+def fixed_sizes(own: list[tuple[int, ...]], checked: list[list[tuple[int, ...]]] | None
+                ) -> tuple[tuple[int, int, int], ...]:
+    """(index among Model's parameters then buffers, dim, size) of each such size of the generated Model (`own`) that
+    is the same at every checked shape, full and CPU size (Target.state_shapes: a starter made on a GPU is also checked
+    on the CPU): the Model's construction fixes it, so the capture keeps it a constant. A shape whose Model has other
+    tensors (ResNet101's CPU size has fewer layers) is one no starter of this Model serves, so it fixes nothing. A
+    whole network with every weight size symbolic spent its generation in Inductor's code generation and sympy
+    (ResNet18 at CPU size: over 600 s, 30 s with these fixed). None fixed where the Model cannot be built on meta."""
+    if checked is None:
         return ()
-    fixed = []
-    for i, shapes in enumerate(zip(*state_shapes)):
-        if len({len(shape) for shape in shapes}) == 1:
-            fixed += [(i, d, sizes[0]) for d, sizes in enumerate(zip(*shapes)) if len(set(sizes)) == 1]
-    return tuple(fixed)
+    ranks = [len(shape) for shape in own]
+    alike = [shapes for shapes in checked if [len(shape) for shape in shapes] == ranks]
+    return tuple((i, d, size) for i, shape in enumerate(own) for d, size in enumerate(shape)
+                 if all(shapes[i][d] == size for shapes in alike))
 
 
 def _capture(model, inputs: list, dynamic: bool, fixed: tuple = ()) -> tuple[str, list[str]]:
@@ -1308,7 +1310,7 @@ def generate_here(target_spec: str, small: bool) -> Generated:
     if not single and not (isinstance(out, (tuple, list)) and all(isinstance(o, torch.Tensor) for o in out)):
         raise NoStarter(f"the reference returns a {type(out).__name__}, not tensors")
     try:
-        fixed = fixed_sizes(target.state_shapes())
+        fixed = fixed_sizes([tuple(t.shape) for t in [*model.parameters(), *model.buffers()]], target.state_shapes())
         wrapper, sources = capture(model, inputs, fixed=fixed)
     except NoStarter:
         raise

@@ -39,7 +39,8 @@ def merge(into: sqlite3.Connection, source: sqlite3.Connection, globs: list[str]
             messages = source.execute("SELECT * FROM messages WHERE run_id = ?", (run_id,)).fetchall()
             first = into.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM messages").fetchone()[0]
             ids = iter(range(first, first + len(messages)))
-            copy_rows(into, "messages", messages, id=lambda m: next(ids), attempt_id=lambda m: new_id.get(m["attempt_id"]))
+            copy_rows(into, "messages", messages, id=lambda m: next(ids),
+                      attempt_id=lambda m: new_id.get(m["attempt_id"]))
         into.execute("DELETE FROM suite_problems WHERE settings_key = ? AND problem = ? AND target_sha256 = ?",
                      (row["settings_key"], row["problem"], row["target_sha256"]))
         copy_rows(into, "suite_problems", [row], id=lambda r: None)
