@@ -85,6 +85,8 @@ def suite_command(
             strategies = ", ".join(plan.strategies)
             console.print(f"suite of {plural(len(found), 'problem')} x {plural(len(plan.strategies), 'strategy', 'strategies')}"
                           f" ({strategies}) with the {policy} policy, {_budget(plan)} each, in {db}", highlight=False)
+            if (note := suite.other_settings_note(store, plan)) is not None:
+                console.print(f"[yellow]note:[/] {note}", highlight=False)
             view = SuiteView(plan)
             try:
                 with console.status("starting", spinner="dots") as status:

@@ -339,6 +339,32 @@ def rows_of(store: Store, plan: SuitePlan) -> list[dict]:
     return out
 
 
+def other_settings_note(store: Store, plan: SuitePlan) -> str | None:
+    """One line where the database finished some of the plan's problems under other settings and these settings have
+    not: a changed --max-attempts (policy, strategy, ...) starts a suite of its own, which runs them all anew (a
+    level-1 rerun given 3 attempts where its database had 2 ran 32 problems again). None where there is nothing to
+    say."""
+    mine = {plan.settings_key(strategy) for strategy in plan.strategies}
+    keys = {problem.key for problem in plan.problems}
+    rows = [r for r in store.db.query(f"SELECT problem, settings_key, settings FROM {PROBLEMS_TABLE} "
+                                      "WHERE status IN ('done', 'skipped')") if r["problem"] in keys]
+    finished_here = {r["problem"] for r in rows if r["settings_key"] in mine}
+    others: dict[str, set] = {}
+    for r in rows:
+        if r["settings_key"] not in mine and r["problem"] not in finished_here:
+            others.setdefault(r["settings"], set()).add(r["problem"])
+    if not others:
+        return None
+    settings, problems = max(others.items(), key=lambda item: len(item[1]))
+    theirs, ours = json.loads(settings), plan.describe(plan.strategies[0])
+    differ = [name for name in sorted(set(theirs) | set(ours)) if theirs.get(name) != ours.get(name)]
+
+    def show(values: dict) -> str:
+        return ", ".join(f"{name} {values.get(name)}" for name in differ)
+    return (f"{len(problems)} of these problems finished in this database under other settings ({show(theirs)}); "
+            f"with these ({show(ours)}) they run anew: give the same settings to continue that suite")
+
+
 # -- starters ---------------------------------------------------------------------------------------------------
 def device_kind() -> tuple[str, str]:
     """(device, torch version) a starter is generated for: Inductor's GPU Triton on a CUDA machine, its CPU

@@ -939,3 +939,21 @@ def test_a_reference_out_of_gpu_memory_is_run_again_after_the_others_never_skipp
     suite.record(store, plan, problem, "refine", sha, status="running")
     assert suite._run_problem(store, plan, problem, "refine", lambda e: None, None)["status"] == "failed"
     assert not suite.finished(store, suite.problem_row(store, key, problem, sha))   # a resumed suite runs it again
+
+
+def test_a_suite_under_other_settings_than_its_database_says_it_runs_the_problems_anew(tmp_path):
+    """A level-1 rerun given --max-attempts 3, where its database's suite had 2, silently started a suite of its own
+    and ran 32 problems again on a GPU. The plan now says so before it runs; with the database's settings, nothing."""
+    from agent import suite
+
+    store, plan = _four_sources(tmp_path)
+    before = SuitePlan(plan.problems, policy="openai", max_attempts=2)
+    for problem in plan.problems[:3]:
+        suite.record(store, before, problem, "refine", suite.source_sha256(problem.path), status="done")
+    assert suite.other_settings_note(store, before) is None
+    again = SuitePlan(plan.problems, policy="openai", max_attempts=3)
+    assert suite.other_settings_note(store, again) == (
+        "3 of these problems finished in this database under other settings (max_attempts 2); with these "
+        "(max_attempts 3) they run anew: give the same settings to continue that suite")
+    suite.record(store, again, plan.problems[0], "refine", suite.source_sha256(plan.problems[0].path), status="done")
+    assert suite.other_settings_note(store, again).startswith("2 of these problems")
