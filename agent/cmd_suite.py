@@ -82,11 +82,7 @@ def suite_command(
     stopped = False
     with to_stdout:
         if not report_only:
-            strategies = ", ".join(plan.strategies)
-            console.print(f"suite of {plural(len(found), 'problem')} x {plural(len(plan.strategies), 'strategy', 'strategies')}"
-                          f" ({strategies}) with the {policy} policy, {_budget(plan)} each, in {db}", highlight=False)
-            if (note := suite.other_settings_note(store, plan)) is not None:
-                console.print(f"[yellow]note:[/] {note}", highlight=False)
+            _announce(store, plan, db)
             view = SuiteView(plan)
             try:
                 with console.status("starting", spinner="dots") as status:
@@ -171,6 +167,18 @@ class SuiteView:
         if self.finished_here and left:
             words += f", ~{clock_words(elapsed / self.finished_here * left)} left"
         return words
+
+
+def _announce(store, plan, db: Path) -> None:
+    """What the suite runs, and a note where the database finished its problems under other settings."""
+    from agent import suite
+
+    strategies = ", ".join(plan.strategies)
+    console.print(f"suite of {plural(len(plan.problems), 'problem')} x "
+                  f"{plural(len(plan.strategies), 'strategy', 'strategies')} ({strategies}) with the {plan.policy} "
+                  f"policy, {_budget(plan)} each, in {db}", highlight=False)
+    if (note := suite.other_settings_note(store, plan)) is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
 
 
 def _report(store, plan, out: Path, starters: dict | None = None) -> list[Path]:
