@@ -221,29 +221,28 @@ def _meta_io_bytes(module: ModuleType) -> int:
     return nbytes(inputs) + nbytes(outputs)
 
 
-def _meta_state_bytes(module: ModuleType) -> int:
+def _meta_model(module: ModuleType):
+    """The target's Model built on the meta device (no memory), or None where it cannot be built there."""
     try:
         with torch.device("meta"):
             model = module.Model(*module.get_init_inputs())
     except Exception:
-        return 0
-    if not isinstance(model, torch.nn.Module):
+        return None
+    return model if isinstance(model, torch.nn.Module) else None
+
+
+def _meta_state_bytes(module: ModuleType) -> int:
+    model = _meta_model(module)
+    if model is None:
         return 0
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 def _meta_state_shapes(modules: list[ModuleType]) -> list[list[tuple[int, ...]]] | None:
-    found = []
-    for module in modules:
-        try:
-            with torch.device("meta"):
-                model = module.Model(*module.get_init_inputs())
-        except Exception:
-            return None
-        if not isinstance(model, torch.nn.Module):
-            return None
-        found.append([tuple(t.shape) for t in [*model.parameters(), *model.buffers()]])
-    return found
+    models = [_meta_model(module) for module in modules]
+    if any(model is None for model in models):
+        return None
+    return [[tuple(t.shape) for t in [*model.parameters(), *model.buffers()]] for model in models]
 
 
 def check_reference(target: Target) -> None:
