@@ -29,7 +29,9 @@ PLAN_FILE = "plan.json"
 MAX_PLAN_JSON = 32 << 20         # the JSON itself (sources, PTX, metadata); blobs are separate files
 MAX_BLOBS_BYTES = 64 << 30       # cubins and state snapshots together (KernelBench's widest MLP holds 8 GiB)
 STATE_PART_BYTES = 1 << 30       # a state snapshot's part, at most (and at most half the file-size limit)
-MAX_STEPS = 4096
+# launches and fills of one forward: a recurrence launches a kernel per time step, layer and direction (KernelBench
+# level 3's bidirectional 6-layer LSTM and GRUs over 512 steps: about 6200); the JSON bound caps a plan's size too
+MAX_STEPS = 32768
 MAX_KERNELS = 256
 MAX_BUFFERS = 4096
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",

@@ -233,3 +233,17 @@ def test_the_ptx_the_trusted_side_assembles_and_loads_is_bounded(tmp_path):
         load_plan(_ptx_plan(tmp_path, [small + f"// {i}\n" for i in range(planfmt.MAX_PTX_MODULES + 1)]))
     with pytest.raises(PlanError, match="PTX holds"):
         load_plan(_ptx_plan(tmp_path, [small + "//" + "x" * planfmt.MAX_PTX_BYTES]))
+
+
+def test_a_recurrence_of_thousands_of_launches_is_a_plan_and_the_steps_stay_bounded(tmp_path):
+    from sandbox import plan as planfmt
+
+    path = _ptx_plan(tmp_path, [".version 8.0\n.target sm_90\n.address_size 64\n"])
+    plan = json.loads(path.read_text())
+    plan["steps"] *= 6 * 2 * 513          # a bidirectional 6-layer recurrence over 512 steps, one launch a step
+    path.write_text(json.dumps(plan))
+    assert len(load_plan(path).steps) == 6156
+    plan["steps"] *= planfmt.MAX_STEPS // 6156 + 1
+    path.write_text(json.dumps(plan))
+    with pytest.raises(PlanError, match=f"steps has more than {planfmt.MAX_STEPS} entries"):
+        load_plan(path)
