@@ -402,6 +402,7 @@ def test_a_long_k_matmul_splits_k_and_a_matrix_vector_product_is_a_reduction(spe
     ("tests/targets/kb_multihead_attention.py", "triton_tem_"),  # nn.MultiheadAttention: a width check, a float scale
     ("tests/targets/kb_linear_instancenorm.py", "triton_tem_"),  # InstanceNorm's warning broke Dynamo's graph
     ("tests/targets/kb_instance_norm.py", "triton_red_"),      # ... and its channel check fixed the channel count
+    ("tests/targets/kb_feature_view.py", "self.feature_size"),  # a module's int, which Dynamo makes a constant
 ])
 def test_starters_take_the_sizes_that_the_hidden_variants_change_at_run_time(spec, expect):
     """torch.compile alone fixes these sizes as constants (a conv template's channels, a LayerNorm's normalized shape, a
@@ -653,6 +654,21 @@ def test_a_reference_import_the_rules_refuse_becomes_a_probe_in_the_starter():
     candidate = part + "\n\nclass ModelNew(Model):\n    def forward(self, x):\n        return x\n"
     assert not [r for r in check_source(candidate) if "import" in r]
     assert [r for r in check_source(reference + candidate[len(part):]) if "einops is not allowed" in r]
+
+
+def test_the_ints_of_the_references_own_modules_that_checked_shapes_change_become_the_captures_arguments():
+    """A module's int that a hidden variant changes (NetVLAD's feature_size) must not be a constant of the starter;
+    one that no checked shape changes (or that only some shapes' Models have, ResNet101's deeper layers) stays one,
+    and torch.nn's own modules keep their sizes in their weights."""
+    checked = [{"n_head": 8, "layer3.7.stride": 1, "dim": 1}, {"n_head": 4, "dim": 1},
+               {"n_head": 2, "dim": 1, "layer3.7.stride": 1}]
+    assert inductor.varying_ints(checked) == ["n_head"]
+    assert inductor.varying_ints(None) == []
+    ints = load_target("tests/targets/kb_feature_view.py").module_ints()
+    assert [i["feature_size"] for i in ints] == [24, 9, 11, 24, 9, 5]    # full size's shapes, then the CPU size's
+    assert load_target("tests/targets/kb_multihead_attention.py").module_ints() == [{}] * 6
+    assert inductor.argument_expressions(["L['module']._modules['attn'].n_head", "L['args'][2].size()[1]"]) == \
+        ["self._modules['attn'].n_head", "flat[2].shape[1]"]
 
 
 def test_weight_sizes_no_checked_shape_changes_are_constants_and_the_starter_refuses_others():

@@ -119,6 +119,15 @@ class Target:
             self._plans["state_shapes"] = _meta_state_shapes([self.module_for(shape) for shape in shapes])
         return self._plans["state_shapes"]
 
+    def module_ints(self) -> list[dict[str, int]] | None:
+        """The int attributes of the reference's own modules (`attn.n_head`: what its forward may read besides its
+        tensors; torch.nn's modules keep the sizes their weights carry), at each checked shape, full size and CPU
+        size, built on the meta device as state_shapes; None where the Model cannot be built there."""
+        if "module_ints" not in self._plans:
+            shapes = self.shapes(small=False) + self.shapes(small=True)
+            self._plans["module_ints"] = _meta_module_ints([self.module_for(shape) for shape in shapes])
+        return self._plans["module_ints"]
+
     def shape_note(self, small: bool) -> str:
         """One line on where shapes(small) came from."""
         return self._plan(small)[1]
@@ -243,6 +252,15 @@ def _meta_state_shapes(modules: list[ModuleType]) -> list[list[tuple[int, ...]]]
     if any(model is None for model in models):
         return None
     return [[tuple(t.shape) for t in [*model.parameters(), *model.buffers()]] for model in models]
+
+
+def _meta_module_ints(modules: list[ModuleType]) -> list[dict[str, int]] | None:
+    models = [_meta_model(module) for module in modules]
+    if any(model is None for model in models):
+        return None
+    return [{f"{path}.{name}".lstrip("."): value for path, sub in model.named_modules()
+             if not type(sub).__module__.startswith("torch.")
+             for name, value in vars(sub).items() if type(value) is int} for model in models]
 
 
 def check_reference(target: Target) -> None:

@@ -252,11 +252,14 @@ def _configure(cuda: bool) -> None:
         inductor_config.benchmark_epilogue_fusion = False
 
 
-def capture(model, inputs: list, dynamic: bool = True, fixed: tuple = ()) -> tuple[str, list[str]]:
+def capture(model, inputs: list, dynamic: bool = True, fixed: tuple = (), module_ints: bool = False
+            ) -> tuple[str, list[str]]:
     """Inductor's wrapper module source for `model(*inputs)`, and the Dynamo source of each graph input
     (`L['args'][i]`, `L['args'][i].size()[d]`): the translated wrapper's `args`, in order. dynamic: sizes as
     arguments (the kernels serve every shape); else those of `inputs`, as torch.compile compiles a first call.
-    fixed: with dynamic, the (parameter or buffer index, dim, size) that stay constants (fixed_sizes).
+    fixed: with dynamic, the (parameter or buffer index, dim, size) that stay constants (fixed_sizes). module_ints:
+    with dynamic, the int attributes the forward reads from Model's modules are graph inputs too
+    (`L['module']._modules['attn'].n_head`), not constants (varying_ints).
 
     Inductor's memory-coalescing analysis (a tiling heuristic) asserts on some symbolic shapes: torch 2.11 on a GPU,
     a reduction over the channels of kloop::convolution's output (KernelBench level 2's 25, 36, 58 and 92). Such a
@@ -264,12 +267,12 @@ def capture(model, inputs: list, dynamic: bool = True, fixed: tuple = ()) -> tup
     import torch._inductor.config as inductor_config
 
     try:
-        return _capture(model, inputs, dynamic, fixed)
+        return _capture(model, inputs, dynamic, fixed, module_ints)
     except Exception as e:  # noqa: BLE001
         if not _failed_in_tiling_analysis(e):
             raise
     with inductor_config.patch({"triton.coalesce_tiling_analysis": False}):
-        return _capture(model, inputs, dynamic, fixed)
+        return _capture(model, inputs, dynamic, fixed, module_ints)
 
 
 def _failed_in_tiling_analysis(error: BaseException) -> bool:
@@ -299,7 +302,19 @@ def fixed_sizes(own: list[tuple[int, ...]], checked: list[list[tuple[int, ...]]]
                  if all(shapes[i][d] == size for shapes in alike))
 
 
-def _capture(model, inputs: list, dynamic: bool, fixed: tuple = ()) -> tuple[str, list[str]]:
+def varying_ints(checked: list[dict[str, int]] | None) -> list[str]:
+    """The int attributes of Model's modules (Target.module_ints) that differ between the checked shapes: a hidden
+    variant built with another `n_head` or `feature_size`. Dynamo makes a module's int a constant of the graph, so a
+    starter captured with them fixed computes the variant with the main shape's (level 3's NetVLAD viewed its
+    features by the main width, out of bounds; MinGPT's heads came out of negative size)."""
+    if not checked:
+        return []
+    return sorted(name for name in set().union(*checked)  # among the shapes whose Model has it (ResNet101's layers)
+                  if len({ints[name] for ints in checked if name in ints}) > 1)
+
+
+def _capture(model, inputs: list, dynamic: bool, fixed: tuple = (), module_ints: bool = False
+             ) -> tuple[str, list[str]]:
     import torch
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
@@ -351,6 +366,9 @@ def _capture(model, inputs: list, dynamic: bool, fixed: tuple = ()) -> tuple[str
     def flat(*args):
         return torch.func.functional_call(model, dict(zip(names, args[:len(names)])), tuple(args[len(names):]))
 
+    def flat_module(module, *args):  # the Model an argument, so that Dynamo can make its ints graph inputs
+        return torch.func.functional_call(module, dict(zip(names, args[:len(names)])), tuple(args[len(names):]))
+
     torch._dynamo.reset()
     for i, dim, _size in fixed if dynamic else ():
         torch._dynamo.mark_static(weights[i], dim)
@@ -358,14 +376,20 @@ def _capture(model, inputs: list, dynamic: bool, fixed: tuple = ()) -> tuple[str
     breaks.clear()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
     torch._dynamo.config.allow_rnn = True  # else Dynamo breaks the graph at a recurrent module (kloop::recurrent here)
+    module_ints = module_ints and dynamic
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
-            inductor_rnn.traced_as_one_op(), _traceable_ops(), sdpa_kernel([SDPBackend.MATH]):
-        result = torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
+            inductor_rnn.traced_as_one_op(), _traceable_ops(), sdpa_kernel([SDPBackend.MATH]), \
+            torch._dynamo.config.patch(allow_unspec_int_on_nn_module=module_ints):
+        if module_ints:
+            result = torch.compile(flat_module, backend=backend, dynamic=True)(model, *weights, *inputs)
+        else:
+            result = torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
     data_dependent = [reason for reason in breaks if _DATA_DEPENDENT.search(reason)]
     if data_dependent:  # a value read from a tensor's data would be a constant of the next graph
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs where it reads a tensor's data "
                         f"({' '.join(data_dependent[0].split())[:120]}), which no plan can replay")
-    if len(graphs) == 1 and len(codes) == 1 and all(_SOURCE.match(source) for source in graphs[0]):
+    if len(graphs) == 1 and len(codes) == 1 and \
+            all(_SOURCE.match(source) or _MODULE_SOURCE.match(source) for source in graphs[0]):
         return codes[0], graphs[0]
     # several graphs; or one whose inputs Dynamo names by another frame's locals (L['x'], L['self']._modules...: a
     # graph break before the first op, the forward resumed as a frame of its own; level 3's 31 and 32 on torch 2.11):
@@ -1033,12 +1057,19 @@ def _what(func: str) -> str:
 
 
 _SOURCE = re.compile(r"^L\['args'\]\[(\d+)\](?:\.(size|stride)\(\)\[(\d+)\]|\.storage_offset\(\))?$")
+# an int attribute of one of Model's modules (capture's module_ints): `L['module']._modules['attn'].n_head`
+_MODULE_SOURCE = re.compile(r"^L\['module'\]((?:\._modules\['\w+'\])*\.[A-Za-z_]\w*)$")
 
 
 def argument_expressions(sources: list[str]) -> list[str]:
-    """Each graph input as an expression over `flat` (the weights, then the forward's inputs)."""
+    """Each graph input as an expression over `flat` (the weights, then the forward's inputs), or over ModelNew's
+    `self` for an int attribute of its modules (ModelNew is a Model: the same modules, built with the same
+    arguments)."""
     out = []
     for s in sources:
+        if m := _MODULE_SOURCE.match(s):
+            out.append(f"self{m.group(1)}")
+            continue
         m = _SOURCE.match(s)
         if not m:
             raise NoStarter(f"torch.compile made a graph input the generator cannot rebuild: {s}")
@@ -1191,9 +1222,11 @@ def build_candidate(wrapper: str, sources: list[str], reference_source: str, sin
     if fixed:
         lines.insert(0, "_check_fixed(flat)")
         call = f"_FIXED_SIZES = {tuple(fixed)!r}\n\n\n" + call
-    if main is not None:
+    if main is not None:  # the main kernels' layout also holds the modules' ints the dynamic ones take
         main_call = f"outs = {_call_expression(main_sources, '_inductor_call_main')}"
-        lines = ["if _layout(flat) == _MAIN_LAYOUT:  # the shape the main kernels were compiled for",
+        ints = [e for s, e in zip(sources, argument_expressions(sources)) if _MODULE_SOURCE.match(s)]
+        laid_out = f"flat + [{', '.join(ints)}]" if ints else "flat"
+        lines = [f"if _layout({laid_out}) == _MAIN_LAYOUT:  # the shape the main kernels were compiled for",
                  f"    {main_call}", "else:", *(f"    {line}" for line in lines)]
         call = f"_MAIN_LAYOUT = {main_layout!r}\n\n\n" + call
     body = "\n        ".join(lines)
@@ -1278,7 +1311,7 @@ def own_parts(call: str) -> list:
 def _call_expression(sources: list[str], function: str) -> str:
     """`<function>([graph inputs over flat], <device>)`, as ModelNew.forward calls the translated wrapper."""
     arguments = argument_expressions(sources)
-    first_tensor = next((i for i, s in enumerate(sources) if _SOURCE.match(s).group(2) is None
+    first_tensor = next((i for i, s in enumerate(sources) if _SOURCE.match(s) and _SOURCE.match(s).group(2) is None
                          and not s.endswith(")")), None)
     device = f"{arguments[first_tensor]}.device" if first_tensor is not None else "None"
     return f"{function}([{', '.join(arguments)}], {device})"
@@ -1311,7 +1344,7 @@ def generate_here(target_spec: str, small: bool) -> Generated:
         raise NoStarter(f"the reference returns a {type(out).__name__}, not tensors")
     try:
         fixed = fixed_sizes([tuple(t.shape) for t in [*model.parameters(), *model.buffers()]], target.state_shapes())
-        wrapper, sources = capture(model, inputs, fixed=fixed)
+        wrapper, sources = capture(model, inputs, fixed=fixed, module_ints=bool(varying_ints(target.module_ints())))
     except NoStarter:
         raise
     except Exception as e:  # Inductor's own failures, one line
@@ -1325,7 +1358,9 @@ def generate_here(target_spec: str, small: bool) -> Generated:
     generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter, fixed=fixed))
     try:  # the main shape's own kernels, as torch.compile makes them: where it falls short, dynamic ones serve it
         main_wrapper, main_sources = capture(model, inputs, dynamic=False)
-        main = (main_wrapper, main_sources, layout(list(model.parameters()) + list(model.buffers()) + inputs))
+        ints = [eval(e, {"self": model}) for s, e in zip(sources, argument_expressions(sources))  # noqa: S307
+                if _MODULE_SOURCE.match(s)]   # attribute reads only (_MODULE_SOURCE)
+        main = (main_wrapper, main_sources, layout(list(model.parameters()) + list(model.buffers()) + inputs + ints))
         generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter, main, fixed))
     except Exception as e:  # noqa: BLE001
         message = " ".join(f"{type(e).__name__}: {e}".split())[:200]
