@@ -247,16 +247,21 @@ def _meta_state_bytes(module: ModuleType) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
-def _meta_state_shapes(modules: list[ModuleType]) -> list[list[tuple[int, ...]]] | None:
+def _meta_models(modules: list[ModuleType]) -> list | None:
     models = [_meta_model(module) for module in modules]
-    if any(model is None for model in models):
+    return None if any(model is None for model in models) else models
+
+
+def _meta_state_shapes(modules: list[ModuleType]) -> list[list[tuple[int, ...]]] | None:
+    models = _meta_models(modules)
+    if models is None:
         return None
     return [[tuple(t.shape) for t in [*model.parameters(), *model.buffers()]] for model in models]
 
 
 def _meta_module_ints(modules: list[ModuleType]) -> list[dict[str, int]] | None:
-    models = [_meta_model(module) for module in modules]
-    if any(model is None for model in models):
+    models = _meta_models(modules)
+    if models is None:
         return None
     return [{f"{path}.{name}".lstrip("."): value for path, sub in model.named_modules()
              if not type(sub).__module__.startswith("torch.")
