@@ -196,14 +196,19 @@ class Executor:
 
     @staticmethod
     def _state(plan: planfmt.Plan, entry: dict, device: torch.device) -> torch.Tensor:
-        """A state snapshot on `device`, filled a part at a time (host memory holds one part, not the whole)."""
+        """A state snapshot on `device`, filled a part at a time (host memory holds one part, not the whole): each
+        part read straight into a host tensor (into the snapshot itself on the CPU)."""
         state = torch.empty(entry["nbytes"], dtype=torch.uint8, device=device)
+        part = None if device.type == "cpu" else \
+            torch.empty(min(entry["nbytes"], planfmt.STATE_PART_BYTES), dtype=torch.uint8)
         at = 0
         for name in entry["blobs"]:
-            data = planfmt.read_untrusted(plan.blob_path(name), entry["nbytes"] - at)
-            if data:
-                state[at:at + len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-            at += len(data)
+            left = entry["nbytes"] - at
+            host = state[at:] if part is None else part[:min(left, part.numel())]
+            n = planfmt.read_untrusted_into(plan.blob_path(name), memoryview(host.numpy()))
+            if part is not None and n:
+                state[at:at + n].copy_(part[:n])
+            at += n
         if at != entry["nbytes"]:
             raise planfmt.PlanError(f"the state's blobs hold {at} bytes, not its {entry['nbytes']}")
         return state

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from sandbox.plan import VERSION, Descriptor, PlanError, Ref, load_plan, tensordesc_type
 
@@ -247,3 +248,34 @@ def test_a_recurrence_of_thousands_of_launches_is_a_plan_and_the_steps_stay_boun
     path.write_text(json.dumps(plan))
     with pytest.raises(PlanError, match=f"steps has more than {planfmt.MAX_STEPS} entries"):
         load_plan(path)
+
+
+def test_a_plans_files_are_copied_and_read_whole_and_only_as_regular_files_within_their_bounds(tmp_path):
+    from sandbox import plan as planfmt
+    from sandbox.executor import Executor
+
+    planner = tmp_path / "planner"
+    planner.mkdir()
+    (planner / "plan.json").write_text("{}")
+    (planner / "state-0-0.bin").write_bytes(bytes(range(200)) * 5)
+    (planner / "state-0-1.bin").write_bytes(b"\x07" * 24)
+    (planner / "notes.txt").write_text("not a plan file")
+    planfmt.copy_plan(planner, tmp_path / "ours")
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["plan.json", "state-0-0.bin", "state-0-1.bin"]
+    assert (tmp_path / "ours" / "state-0-0.bin").read_bytes() == bytes(range(200)) * 5
+
+    plan = planfmt.Plan([], [], [], [], [], [], directory=tmp_path / "ours")
+    state = Executor._state(plan, {"nbytes": 1024, "blobs": ["state-0-0.bin", "state-0-1.bin"]}, torch.device("cpu"))
+    assert state.tolist() == list(bytes(range(200)) * 5) + [7] * 24
+    with pytest.raises(PlanError, match="hold 1024 bytes, not its 1030"):
+        Executor._state(plan, {"nbytes": 1030, "blobs": ["state-0-0.bin", "state-0-1.bin"]}, torch.device("cpu"))
+    with pytest.raises(PlanError, match="more than the 900 allowed"):   # a part longer than the state left
+        Executor._state(plan, {"nbytes": 900, "blobs": ["state-0-0.bin"]}, torch.device("cpu"))
+
+    (planner / "state-0-2.bin").symlink_to("/etc/hostname")
+    with pytest.raises(PlanError, match="cannot open state-0-2.bin"):
+        planfmt.copy_plan(planner, tmp_path / "again")
+    (planner / "state-0-2.bin").unlink()
+    os.mkfifo(planner / "state-0-2.bin")    # would block a reader that waits for a writer
+    with pytest.raises(PlanError, match="not a regular file"):
+        planfmt.copy_plan(planner, tmp_path / "again")
