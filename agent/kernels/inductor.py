@@ -257,8 +257,8 @@ def capture(model, inputs: list, dynamic: bool = True, fixed: tuple = (), module
     """Inductor's wrapper module source for `model(*inputs)`, and the Dynamo source of each graph input
     (`L['args'][i]`, `L['args'][i].size()[d]`): the translated wrapper's `args`, in order. dynamic: sizes as
     arguments (the kernels serve every shape); else those of `inputs`, as torch.compile compiles a first call.
-    fixed: with dynamic, the (parameter or buffer index, dim, size) that stay constants (fixed_sizes). module_ints:
-    with dynamic, the int attributes the forward reads from Model's modules are graph inputs too
+    fixed: with dynamic, the (parameter or buffer index, dim, size) that stay constants (fixed_sizes). module_ints
+    (only with dynamic): the int attributes the forward reads from Model's modules are graph inputs too
     (`L['module']._modules['attn'].n_head`), not constants (varying_ints).
 
     Inductor's memory-coalescing analysis (a tiling heuristic) asserts on some symbolic shapes: torch 2.11 on a GPU,
@@ -376,20 +376,16 @@ def _capture(model, inputs: list, dynamic: bool, fixed: tuple = (), module_ints:
     breaks.clear()
     torch._dynamo.config.specialize_float = True  # a float hyper-parameter is a constant of the kernel
     torch._dynamo.config.allow_rnn = True  # else Dynamo breaks the graph at a recurrent module (kloop::recurrent here)
-    module_ints = module_ints and dynamic
     with torch.no_grad(), fx_config.patch(use_duck_shape=False), inductor_conv.traced_as_one_op(), \
             inductor_rnn.traced_as_one_op(), _traceable_ops(), sdpa_kernel([SDPBackend.MATH]), \
             torch._dynamo.config.patch(allow_unspec_int_on_nn_module=module_ints):
-        if module_ints:
-            result = torch.compile(flat_module, backend=backend, dynamic=True)(model, *weights, *inputs)
-        else:
-            result = torch.compile(flat, backend=backend, dynamic=dynamic, fullgraph=False)(*weights, *inputs)
+        run, args = (flat_module, (model, *weights, *inputs)) if module_ints else (flat, (*weights, *inputs))
+        result = torch.compile(run, backend=backend, dynamic=dynamic, fullgraph=False)(*args)
     data_dependent = [reason for reason in breaks if _DATA_DEPENDENT.search(reason)]
     if data_dependent:  # a value read from a tensor's data would be a constant of the next graph
         raise NoStarter(f"torch.compile splits the reference into {len(graphs)} graphs where it reads a tensor's data "
                         f"({' '.join(data_dependent[0].split())[:120]}), which no plan can replay")
-    if len(graphs) == 1 and len(codes) == 1 and \
-            all(_SOURCE.match(source) or _MODULE_SOURCE.match(source) for source in graphs[0]):
+    if len(graphs) == 1 and len(codes) == 1 and all(_SOURCE.match(s) or _MODULE_SOURCE.match(s) for s in graphs[0]):
         return codes[0], graphs[0]
     # several graphs; or one whose inputs Dynamo names by another frame's locals (L['x'], L['self']._modules...: a
     # graph break before the first op, the forward resumed as a frame of its own; level 3's 31 and 32 on torch 2.11):
