@@ -173,11 +173,29 @@ def test_the_kernel_reads_weights_with_the_output_channels_innermost(transposed,
     assert got.stride(4) == (w.shape[out] * w.shape[into] if taps_outer else w.shape[out])
 
 
-@pytest.mark.parametrize("case", ["2d_square", "3d", "1d_transposed", "2d_transposed_grouped"])
+@pytest.mark.parametrize("case", [case for case in CASES if "depthwise" not in case])
 def test_few_channels_taps_outer_too(case, monkeypatch):
-    """Both loop orders compute the same convolution (which one runs is a channel-count threshold)."""
+    """Both loop orders compute the same convolution (which one runs is a channel-count threshold), stride phases
+    and dilations included: the taps-outer loop steps through (tap, channel block) pairs as one loop."""
     monkeypatch.setattr(inductor_conv, "TAPS_OUTER_MIN_CHANNELS", 1)
     _check(case)
+
+
+FEW_CHANNELS = [case for case in CASES if "depthwise" not in case and CASES[case][0][1] // CASES[case][7] < 16]
+
+
+@pytest.mark.parametrize("case", FEW_CHANNELS + ["2d_transposed_wide"])
+def test_few_channels_as_rank_one_updates_on_the_cuda_cores(case, monkeypatch):
+    """CONV_FMA: a group of fewer than TAPS_OUTER_MIN_CHANNELS input channels takes one (channel, tap) pair a step,
+    an exact fp32 outer product (no dot, so no TF32); a wider group keeps the dot. Stride phases and dilations too."""
+    monkeypatch.setattr(inductor_conv, "CONV_FMA", 1)
+    launched = []
+    monkeypatch.setattr(inductor_conv, "_conv_kernel", _Recording(launched, inductor_conv._conv_kernel))
+    _check(case)
+    [(_, launch)] = launched
+    channels = CASES[case][0][1] // CASES[case][7]
+    assert launch["FMA"] == (channels < inductor_conv.TAPS_OUTER_MIN_CHANNELS)
+    assert launch["USE_DOT"] == (not launch["FMA"] and launch["BLOCK_N"] >= 16)
 
 
 @pytest.mark.parametrize("relayout", [0, 1])

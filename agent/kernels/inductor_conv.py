@@ -51,28 +51,32 @@ CONV_NUM_STAGES = 2
 CONV_DIRECT = 1
 CONV_DIRECT_BLOCK = 1024
 CONV_W_RELAYOUT = 1
+CONV_FMA = 0
 
 INT32_REACH = 2**31 - 1
 TAPS_OUTER_MIN_CHANNELS = 16   # a group with fewer input channels flattens (channel, tap) pairs into its reduction
 PRODUCT_SUM_MAX_N = 4   # a group with more output channels takes the 3xTF32 dot, its tile at least 16 wide
 TUNABLES = {"CONV_BLOCK_M": [16, 32, 64, 128], "CONV_BLOCK_N": [16, 32, 64, 128], "CONV_BLOCK_K": [16, 32, 64],
             "CONV_NUM_WARPS": [2, 4, 8], "CONV_NUM_STAGES": [1, 2, 3, 4], "CONV_DIRECT": [0, 1],
-            "CONV_DIRECT_BLOCK": [256, 512, 1024, 2048], "CONV_W_RELAYOUT": [0, 1]}
+            "CONV_DIRECT_BLOCK": [256, 512, 1024, 2048], "CONV_W_RELAYOUT": [0, 1], "CONV_FMA": [0, 1]}
 DEFAULTS = {"CONV_BLOCK_M": CONV_BLOCK_M, "CONV_BLOCK_N": CONV_BLOCK_N, "CONV_BLOCK_K": CONV_BLOCK_K,
             "CONV_NUM_WARPS": CONV_NUM_WARPS, "CONV_NUM_STAGES": CONV_NUM_STAGES, "CONV_DIRECT": CONV_DIRECT,
-            "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK, "CONV_W_RELAYOUT": CONV_W_RELAYOUT}
+            "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK, "CONV_W_RELAYOUT": CONV_W_RELAYOUT, "CONV_FMA": CONV_FMA}
 # Settings timed beside the defaults when a starter is generated on a GPU (agent/kernels/starter_tune.py): the tiles
 # of Inductor's own convolution template configurations that fit TUNABLES, wide and narrow in the output channels
 # (a depthwise group has one), deep and shallow in the reduction, all as implicit GEMMs; and the depthwise
 # kernel's other block sizes (the defaults run it; a convolution that is not depthwise ignores these two); and the
 # defaults without the weights' copy (CONV_W_RELAYOUT = 0: one launch fewer, where a small convolution is bound by
-# launches rather than by its loads).
+# launches rather than by its loads); and rank-1 updates on the CUDA cores for a group of few input channels
+# (CONV_FMA: a reduction of 3 channels x 27 taps fills six 16-deep 3xTF32 steps, 15 of their 96 rows masked).
 CONFIGS = [
     {"CONV_BLOCK_M": m, "CONV_BLOCK_N": n, "CONV_BLOCK_K": k, "CONV_NUM_WARPS": w, "CONV_NUM_STAGES": s,
      "CONV_DIRECT": 0, "CONV_DIRECT_BLOCK": CONV_DIRECT_BLOCK, "CONV_W_RELAYOUT": 1}
     for m, n, k, w, s in [(128, 128, 32, 8, 2), (64, 64, 32, 4, 2), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
                           (128, 32, 16, 4, 2), (32, 64, 16, 2, 2), (128, 16, 16, 4, 2), (64, 32, 32, 4, 3)]
-] + [{**DEFAULTS, "CONV_DIRECT_BLOCK": block} for block in (512, 2048)] + [{**DEFAULTS, "CONV_W_RELAYOUT": 0}]
+] + [{**DEFAULTS, "CONV_DIRECT_BLOCK": block} for block in (512, 2048)] + [{**DEFAULTS, "CONV_W_RELAYOUT": 0}] + [
+    {**DEFAULTS, "CONV_FMA": 1, "CONV_BLOCK_M": m, "CONV_BLOCK_N": n, "CONV_NUM_WARPS": w}
+    for m, n, w in [(128, 64, 4), (64, 64, 4), (128, 32, 4), (128, 128, 8)]]
 # Under the CPU interpreter every program is Python over numpy tiles: few, large programs (6x faster on a 16 x 2 x
 # 32 x 32 input, 64 output channels).
 INTERPRETER_DEFAULTS = {**DEFAULTS, "CONV_BLOCK_M": 1024}
@@ -158,16 +162,19 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
                  TSD, TSH, TSW, INVD, INVH, INVW,
                  sxn, sxc, sxd, sxh, sxw, swa, swb, swd, swh, sww,
                  HAS_BIAS: tl.constexpr, TRANSPOSED: tl.constexpr, PHASED: tl.constexpr, USE_DOT: tl.constexpr,
-                 IEEE: tl.constexpr, LARGE: tl.constexpr, TAPS_OUTER: tl.constexpr,
+                 IEEE: tl.constexpr, LARGE: tl.constexpr, TAPS_OUTER: tl.constexpr, FMA: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One BLOCK_M x BLOCK_N tile of a convolution's output as an implicit GEMM (rows: output positions, columns:
     output channels). Over 80 lines: one Triton program, whose row and column setup (int32 or int64 index math, the
     stride phase) feeds both loop orders below; each step's multiply-accumulate is already _conv_accumulate's."""
     # Index math is int32 unless LARGE (an offset of 2**31 or more in x, w or y): per row and per (row, k) element,
-    # int64 math (its divisions above all) takes the registers that the tiles need.
-    # PHASED (transposed): grid z is (group, stride phase); a program's rows are output positions o with (o + P) % S
-    # == q in every dimension, whose taps are exactly those with k * D = q (mod S), every TS-th from the first
-    # (_conv_phase_taps): no tap masked for the stride.
+    # int64 math takes the registers that the tiles need.
+    # Every input position is a row's base plus a tap's offset, per dimension (_conv_tap_offset): no division per
+    # row or element in the loops (a strided transposed convolution divided each (row, k) element by its stride:
+    # most of level 1's 72's time).
+    # PHASED (transposed): grid z is (group, stride phase); a program's rows are output positions o = r + u * S with
+    # (o + P) % S == q in every dimension, whose taps are exactly those with k * D = q (mod S), every TS-th from the
+    # first (_conv_phase_taps): no tap masked for the stride.
     z = tl.program_id(2)
     pid_m = tl.program_id(0)
     j = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -187,9 +194,9 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         UD, UH, UW = (OD + SD - 1) // SD, (OH + SH - 1) // SH, (OW + SW - 1) // SW
         n = m // (UD * UH * UW)
         u = m % (UD * UH * UW)
-        ow = ((qw - PW) % SW + SW) % SW + (u % UW) * SW
-        oh = ((qh - PH) % SH + SH) % SH + ((u // UW) % UH) * SH
-        od = ((qd - PD) % SD + SD) % SD + (u // (UW * UH)) * SD
+        bw, bh, bd = u % UW, (u // UW) % UH, u // (UW * UH)   # each dimension's u
+        rw, rh, rd = ((qw - PW) % SW + SW) % SW, ((qh - PH) % SH + SH) % SH, ((qd - PD) % SD + SD) % SD
+        ow, oh, od = rw + bw * SW, rh + bh * SH, rd + bd * SD
         row_ok = row_ok & (od < OD) & (oh < OH) & (ow < OW)
         r = (od * OH + oh) * OW + ow
         TKD, kd0 = _conv_phase_taps(qd, KD, SD, TSD, INVD)
@@ -201,6 +208,7 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         # computes its first step's addresses before the trip-count test, and a division by zero is undefined
         # behaviour to LLVM. Divide by at least 1.
         DIV_KD, DIV_KH, DIV_KW = tl.maximum(TKD, 1), tl.maximum(TKH, 1), tl.maximum(TKW, 1)
+        cd, ch, cw = rd + PD, rh + PH, rw + PW
     else:
         g = z
         n = m // spatial
@@ -208,44 +216,65 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         ow = r % OW
         oh = (r // OW) % OH
         od = r // (OW * OH)
+        if TRANSPOSED:   # unphased: every stride is 1, output o takes input o + P - k * D
+            bd, bh, bw = od + PD, oh + PH, ow + PW
+        else:            # output o reads input o * S - P + k * D
+            bd, bh, bw = od * SD - PD, oh * SH - PH, ow * SW - PW
         TKD, TKH, TKW = KD, KH, KW
         DIV_KD, DIV_KH, DIV_KW = KD, KH, KW
         kd0, kh0, kw0, ksd, ksh, ksw = 0, 0, 0, 1, 1, 1
-    x_rows = n * sxn + g * C_IN_G * sxc
-    if TRANSPOSED:  # w is (C_in, C_out / groups, kd, kh, kw); output o takes input i where o = i * S - P + k * D
+        cd, ch, cw = 0, 0, 0
+    x_rows = n * sxn + g * C_IN_G * sxc + bd * sxd + bh * sxh + bw * sxw
+    if TRANSPOSED:  # w is (C_in, C_out / groups, kd, kh, kw)
         w_cols = j * swb
-        bd, bh, bw = od + PD, oh + PH, ow + PW
-    else:           # w is (C_out, C_in / groups, kd, kh, kw); output o reads input o * S - P + k * D
+        w_group, w_step = g * C_IN_G * swa, swa
+    else:           # w is (C_out, C_in / groups, kd, kh, kw)
         w_cols = (g * C_OUT_G + j) * swa
-        bd, bh, bw = od * SD - PD, oh * SH - PH, ow * SW - PW
+        w_group, w_step = 0, swb
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if TAPS_OUTER:  # one kernel tap at a time, its channels in BLOCK_K steps: the position math is per row only
-        for tap in range(0, TKD * TKH * TKW):
+    if TAPS_OUTER:  # a kernel tap's channels in BLOCK_K steps, the position math per row only; one loop over (tap,
+        # channel block), so that Triton pipelines its loads across taps (a loop of its own per tap has only
+        # C_in / BLOCK_K steps: 2 on level 1's 69, too few to overlap a step's loads with the previous dot)
+        blocks = tl.cdiv(C_IN_G, BLOCK_K)
+        for step in range(0, TKD * TKH * TKW * blocks):
+            tap = step // blocks
+            c = (step % blocks) * BLOCK_K + ks
+            if LARGE:
+                tap = tap.to(tl.int64)
             kw = kw0 + (tap % DIV_KW) * ksw
             kh = kh0 + ((tap // DIV_KW) % DIV_KH) * ksh
             kd = kd0 + (tap // (DIV_KW * DIV_KH)) * ksd
-            if TRANSPOSED:
-                td, th, tw = bd - kd * DD, bh - kh * DH, bw - kw * DW
-                ok = (td >= 0) & (th >= 0) & (tw >= 0)
-                if not PHASED:
-                    ok = ok & (td % SD == 0) & (th % SH == 0) & (tw % SW == 0)
-                i_d, i_h, i_w = td // SD, th // SH, tw // SW
-                w_step = swa
-                w_tap = g * C_IN_G * swa + kd * swd + kh * swh + kw * sww
-            else:
-                i_d, i_h, i_w = bd + kd * DD, bh + kh * DH, bw + kw * DW
-                ok = (i_d >= 0) & (i_h >= 0) & (i_w >= 0)
-                w_step = swb
-                w_tap = kd * swd + kh * swh + kw * sww
-            ok = ok & (i_d < ID) & (i_h < IH) & (i_w < IW) & row_ok
-            x_tap = x_rows + i_d * sxd + i_h * sxh + i_w * sxw
-            for c0 in range(0, C_IN_G, BLOCK_K):
-                c = c0 + ks
-                c_ok = c < C_IN_G
-                a = tl.load(x_ptr + x_tap[:, None] + (c * sxc)[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
-                wt = tl.load(w_ptr + (w_tap + c * w_step)[:, None] + w_cols[None, :],
-                             mask=c_ok[:, None] & col_ok[None, :], other=0.0)
-                acc = _conv_accumulate(acc, a, wt, USE_DOT, IEEE)
+            fd = _conv_tap_offset(kd, cd, DD, SD, TRANSPOSED, PHASED)
+            fh = _conv_tap_offset(kh, ch, DH, SH, TRANSPOSED, PHASED)
+            fw = _conv_tap_offset(kw, cw, DW, SW, TRANSPOSED, PHASED)
+            ok = _conv_inside(bd + fd, ID) & _conv_inside(bh + fh, IH) & _conv_inside(bw + fw, IW) & row_ok
+            c_ok = c < C_IN_G
+            a = tl.load(x_ptr + (x_rows + fd * sxd + fh * sxh + fw * sxw)[:, None] + (c * sxc)[None, :],
+                        mask=ok[:, None] & c_ok[None, :], other=0.0)
+            w_tap = w_group + kd * swd + kh * swh + kw * sww
+            wt = tl.load(w_ptr + (w_tap + c * w_step)[:, None] + w_cols[None, :],
+                         mask=c_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = _conv_accumulate(acc, a, wt, USE_DOT, IEEE)
+    elif FMA:       # few channels, each (channel, tap) pair a rank-1 update on the CUDA cores: exact fp32 products,
+        # where a reduction of a few dozen fills few tensor-core steps, each three dots for fp32 (3xTF32)
+        for k in range(0, C_IN_G * TKD * TKH * TKW):
+            t = k
+            if LARGE:
+                t = t.to(tl.int64)
+            kw = kw0 + (t % DIV_KW) * ksw
+            t = t // DIV_KW
+            kh = kh0 + (t % DIV_KH) * ksh
+            t = t // DIV_KH
+            kd = kd0 + (t % DIV_KD) * ksd
+            c = t // DIV_KD
+            fd = _conv_tap_offset(kd, cd, DD, SD, TRANSPOSED, PHASED)
+            fh = _conv_tap_offset(kh, ch, DH, SH, TRANSPOSED, PHASED)
+            fw = _conv_tap_offset(kw, cw, DW, SW, TRANSPOSED, PHASED)
+            ok = _conv_inside(bd + fd, ID) & _conv_inside(bh + fh, IH) & _conv_inside(bw + fw, IW) & row_ok
+            a = tl.load(x_ptr + x_rows + (c * sxc + fd * sxd + fh * sxh + fw * sxw), mask=ok, other=0.0)
+            wt = tl.load(w_ptr + w_group + c * w_step + kd * swd + kh * swh + kw * sww + w_cols, mask=col_ok,
+                         other=0.0)
+            acc += a.to(tl.float32)[:, None] * wt.to(tl.float32)[None, :]
     else:           # few channels: (channel, tap) pairs flattened into BLOCK_K steps
         # The input tile is gathered as (k, row) and transposed: Triton coalesces a gather along its last dimension
         # where it cannot prove another contiguous, and consecutive rows are consecutive output positions (a step in
@@ -260,25 +289,14 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
             t = t // DIV_KH
             kd = kd0 + (t % DIV_KD) * ksd
             c = t // DIV_KD
-            if TRANSPOSED:
-                td = bd[None, :] - (kd * DD)[:, None]
-                th = bh[None, :] - (kh * DH)[:, None]
-                tw = bw[None, :] - (kw * DW)[:, None]
-                ok = (td >= 0) & (th >= 0) & (tw >= 0)
-                if not PHASED:
-                    ok = ok & (td % SD == 0) & (th % SH == 0) & (tw % SW == 0)
-                i_d, i_h, i_w = td // SD, th // SH, tw // SW
-                w_rows = (g * C_IN_G + c) * swa
-            else:
-                i_d = bd[None, :] + (kd * DD)[:, None]
-                i_h = bh[None, :] + (kh * DH)[:, None]
-                i_w = bw[None, :] + (kw * DW)[:, None]
-                ok = (i_d >= 0) & (i_h >= 0) & (i_w >= 0)
-                w_rows = c * swb
-            ok = ok & (i_d < ID) & (i_h < IH) & (i_w < IW) & row_ok[None, :] & (k < K)[:, None]
-            a = tl.trans(tl.load(x_ptr + x_rows[None, :] + i_d * sxd + i_h * sxh + i_w * sxw + (c * sxc)[:, None],
+            fd = _conv_tap_offset(kd, cd, DD, SD, TRANSPOSED, PHASED)
+            fh = _conv_tap_offset(kh, ch, DH, SH, TRANSPOSED, PHASED)
+            fw = _conv_tap_offset(kw, cw, DW, SW, TRANSPOSED, PHASED)
+            ok = (_conv_inside(bd[None, :] + fd[:, None], ID) & _conv_inside(bh[None, :] + fh[:, None], IH)
+                  & _conv_inside(bw[None, :] + fw[:, None], IW) & row_ok[None, :] & (k < K)[:, None])
+            a = tl.trans(tl.load(x_ptr + x_rows[None, :] + (c * sxc + fd * sxd + fh * sxh + fw * sxw)[:, None],
                                  mask=ok, other=0.0))
-            w_off = w_rows + kd * swd + kh * swh + kw * sww
+            w_off = w_group + c * w_step + kd * swd + kh * swh + kw * sww
             wt = tl.load(w_ptr + w_off[:, None] + w_cols[None, :], mask=(k < K)[:, None] & col_ok[None, :],
                          other=0.0)
             acc = _conv_accumulate(acc, a, wt, USE_DOT, IEEE)
@@ -287,6 +305,23 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         acc += tl.load(b_ptr + co, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y_off = (n * C_OUT * spatial + r)[:, None] + (co * spatial)[None, :]
     tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _conv_tap_offset(k, c, D, S, TRANSPOSED: tl.constexpr, PHASED: tl.constexpr):
+    # The input position of tap k is a row's base plus this. Phased, the base is the row's u and the offset
+    # (r + P - k * D) / S (c = r + P), exact for the phase's taps: a division per tap (or per k), not per element.
+    if PHASED:
+        return (c - k * D) // S
+    elif TRANSPOSED:
+        return -k * D
+    else:
+        return k * D
+
+
+@triton.jit
+def _conv_inside(i, SIZE):
+    return (i >= 0) & (i < SIZE)
 
 
 @triton.jit
@@ -380,14 +415,15 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
             BLOCK=CONV_DIRECT_BLOCK, num_warps=CONV_NUM_WARPS)
         return y
     taps_outer = c_in_g >= TAPS_OUTER_MIN_CHANNELS
+    fma = bool(CONV_FMA) and not taps_outer
     if CONV_W_RELAYOUT:
         w = _output_channels_inner(w, transposed, taps_outer)
         w_strides = _strides_3d(w, lead)
     # A reduction shorter than BLOCK_K, or a group narrower than BLOCK_N, is masked to zeros in the dot's tile. The
     # product-and-sum path keeps under 16 columns (Triton 3.6 makes a wider one a TF32 dot: the docstring).
-    use_dot = c_out_g > PRODUCT_SUM_MAX_N
+    use_dot = c_out_g > PRODUCT_SUM_MAX_N and not fma
     narrowest = triton.next_power_of_2(c_out_g)
-    block_n = min(CONV_BLOCK_N, max(16, narrowest)) if use_dot else narrowest
+    block_n = min(CONV_BLOCK_N, max(16, narrowest)) if use_dot else min(CONV_BLOCK_N, narrowest)
     block_k = CONV_BLOCK_K if use_dot else min(CONV_BLOCK_K, 16)
     # A strided transposed convolution runs one program set per stride phase (the kernel's PHASED): as one GEMM, most
     # of its taps are masked ((S-1)/S per dimension without dilation).
@@ -405,7 +441,7 @@ def _conv(x, w, b, stride, padding, dilation, transposed, output_padding, groups
                        *tap_steps, *inverses, *x_strides, *w_strides, HAS_BIAS=b is not None,
                        TRANSPOSED=bool(transposed), PHASED=phased,
                        USE_DOT=use_dot, IEEE=x.dtype == torch.float32, LARGE=reach >= INT32_REACH,
-                       TAPS_OUTER=taps_outer, BLOCK_M=CONV_BLOCK_M, BLOCK_N=block_n,
+                       TAPS_OUTER=taps_outer, FMA=fma, BLOCK_M=CONV_BLOCK_M, BLOCK_N=block_n,
                        BLOCK_K=block_k, num_warps=CONV_NUM_WARPS, num_stages=CONV_NUM_STAGES)
     return y
 
@@ -445,7 +481,8 @@ def _conv_gather_kernel(src_ptr, dst_ptr, N, S1, S2, S3, S4, T0, T1, T2, T3, T4,
 
 def candidate_source() -> str:
     """The kernel and its launcher as a candidate holds them (the tunables are written by the generator)."""
-    functions = (output_sizes, _conv_kernel.fn, _conv_phase_taps.fn, _conv_accumulate.fn, _conv_depthwise_kernel.fn,
+    functions = (output_sizes, _conv_kernel.fn, _conv_tap_offset.fn, _conv_inside.fn, _conv_phase_taps.fn,
+                 _conv_accumulate.fn, _conv_depthwise_kernel.fn,
                  _conv, _strides_3d, _output_channels_inner,
                  _conv_gather_kernel.fn)
     constants = (f"import math\n\nINT32_REACH = {INT32_REACH}\nPRODUCT_SUM_MAX_N = {PRODUCT_SUM_MAX_N}\n"
