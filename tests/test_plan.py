@@ -250,6 +250,16 @@ def test_a_recurrence_of_thousands_of_launches_is_a_plan_and_the_steps_stay_boun
         load_plan(path)
 
 
+def test_recording_many_calls_gets_the_hang_limit_per_ten_calls():
+    """Recording is the candidate's Python only; 20 calls of a 6144-launch recurrence outlast one 30 s limit (level
+    3's 38 on an H200), while a hidden variant's 3 calls keep the plain limit."""
+    from sandbox.stages.planning import RECORDED_CALLS, record_limit
+
+    assert record_limit(30.0, RECORDED_CALLS) == 60.0
+    assert record_limit(30.0, 3) == 30.0
+    assert record_limit(120.0, 11) == 240.0
+
+
 def test_a_plans_files_are_copied_and_read_whole_and_only_as_regular_files_within_their_bounds(tmp_path):
     from sandbox import plan as planfmt
     from sandbox.executor import Executor

@@ -21,10 +21,19 @@ from tools.result import EvalResult
 # Calls of forward recorded at the main shape after the compiling one: they must all launch the same plan, so a
 # forward that changes its work after a number of calls is refused rather than judged on its early calls.
 RECORDED_CALLS = 20
+# The record command's limit: the hang limit for every RECORDS_PER_HANG_LIMIT calls it records. Recording is the
+# candidate's Python alone (no kernel runs), about 0.25 ms a launch on an H200's host: 20 calls of a 6-layer
+# bidirectional LSTM (6144 launches each) took over 30 s, and KernelBench level 3's 38 timed out under one limit.
+RECORDS_PER_HANG_LIMIT = 10
 # A plan's module state (parameters, buffers, cached workspaces) may hold at most twice the reference's parameters and
 # buffers plus this: the trusted side copies it, keeps it and restores it before every call, so a candidate must not
 # make it hold gigabytes a target without weights never needed.
 STATE_SLACK_BYTES = 64 << 20
+
+
+def record_limit(hang_s: float, records: int) -> float:
+    """The limit of a record command of `records` calls (RECORDS_PER_HANG_LIMIT)."""
+    return hang_s * -(-records // RECORDS_PER_HANG_LIMIT)
 
 
 class Planning(Stage):
@@ -69,8 +78,9 @@ class Planning(Stage):
                 self.shape_keys[i] = f"{self.shape_keys[0]}:weights:" + hashlib.sha256(
                     json.dumps([perturb["perturb"], self.matched]).encode()).hexdigest()[:16]
             if self._ok(reply, hidden=self._variant(i)):  # compiled: a hang costs the hang limit from here, not compile's
-                reply = self._call(self.planner, self._run_timeout(), "record", out=str(self.planner.workdir /
-                                   f"plan-{i}"), records=RECORDED_CALLS if i == 0 else 3)
+                records = RECORDED_CALLS if i == 0 else 3
+                reply = self._call(self.planner, record_limit(self._run_timeout(), records), "record",
+                                   out=str(self.planner.workdir / f"plan-{i}"), records=records)
             if not self._ok(reply, hidden=self._variant(i)):
                 return self._close_planner()
             began = time.perf_counter()
