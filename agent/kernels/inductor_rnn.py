@@ -9,13 +9,9 @@ everything around it; the candidate computes the op with `_recurrent` below, who
 Per layer and direction: the input projection of every time step at once, x W_ih^T + b_ih, as one GEMM (kloop's
 own, agent/kernels/inductor_gemm.py); then one launch per time step of `_recurrent_step_kernel`, which multiplies
 the previous hidden state by W_hh for each gate of its tile (3xTF32 dot products over fp32, as the GEMM) and applies
-the gates (`_recurrent_cell`): LSTM's i, f, g, o with its cell state, GRU's r, z, n, or the plain RNN's tanh or ReLU.
-A step writes its hidden state into the layer's output sequence, where the next step reads it (the launches order the
-steps); the last step also writes h_n (and c_n). A launch costs microseconds and a 6-layer bidirectional LSTM over
-512 steps makes 6144 of them, so with RNN_SEQUENCE = 1 each layer is instead one launch of
-`_recurrent_sequence_kernel`: one program per direction and batch tile runs every step itself (batch rows never meet,
-so no program waits on another), computing the same cells in the same order. Sizes are runtime arguments, so one
-compiled kernel serves every shape.
+the gates: LSTM's i, f, g, o with its cell state, GRU's r, z, n, or the plain RNN's tanh or ReLU. A step writes its
+hidden state into the layer's output sequence, where the next step reads it (the launches order the steps); the last
+step also writes h_n (and c_n). Sizes are runtime arguments, so one compiled kernel serves every shape.
 Supported: any number of layers, bidirectional, batch_first, with or without biases, dropout 0 (or eval mode);
 not: proj_size, unbatched or packed input (`unsupported` says which, and the generator makes no starter).
 """
@@ -36,26 +32,21 @@ RNN_BLOCK_B = 16
 RNN_BLOCK_H = 32
 RNN_BLOCK_K = 32
 RNN_NUM_WARPS = 4
-RNN_SEQUENCE = 0
 
 MODES = {"LSTM": 0, "GRU": 1, "RNN_TANH": 2, "RNN_RELU": 3}
 GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 TUNABLES = {"RNN_BLOCK_B": [16, 32, 64], "RNN_BLOCK_H": [16, 32, 64, 128], "RNN_BLOCK_K": [16, 32, 64],
-            "RNN_NUM_WARPS": [1, 2, 4, 8], "RNN_SEQUENCE": [0, 1]}
+            "RNN_NUM_WARPS": [1, 2, 4, 8]}
 DEFAULTS = {"RNN_BLOCK_B": RNN_BLOCK_B, "RNN_BLOCK_H": RNN_BLOCK_H, "RNN_BLOCK_K": RNN_BLOCK_K,
-            "RNN_NUM_WARPS": RNN_NUM_WARPS, "RNN_SEQUENCE": RNN_SEQUENCE}
-# Settings timed beside the defaults on a GPU (agent/kernels/starter_tune.py): a launch per step with more programs
-# (narrow tiles) against fewer, deeper ones; and a launch per layer (RNN_SEQUENCE: each direction and batch tile one
-# program looping over the steps), whose one program per direction streams all of W_hh every step
-CONFIGS = [{"RNN_BLOCK_B": b, "RNN_BLOCK_H": h, "RNN_BLOCK_K": k, "RNN_NUM_WARPS": w, "RNN_SEQUENCE": 0}
-           for b, h, k, w in [(16, 16, 64, 2), (16, 64, 32, 4), (32, 32, 32, 4), (16, 128, 32, 8)]] + [
-    {"RNN_BLOCK_B": b, "RNN_BLOCK_H": h, "RNN_BLOCK_K": k, "RNN_NUM_WARPS": w, "RNN_SEQUENCE": 1}
-    for b, h, k, w in [(16, 64, 64, 4), (16, 128, 32, 8), (16, 32, 64, 4), (32, 64, 32, 8)]]
+            "RNN_NUM_WARPS": RNN_NUM_WARPS}
+# Settings timed beside the defaults on a GPU (agent/kernels/starter_tune.py): more programs per step (narrow
+# tiles) against fewer, deeper ones
+CONFIGS = [{"RNN_BLOCK_B": b, "RNN_BLOCK_H": h, "RNN_BLOCK_K": k, "RNN_NUM_WARPS": w}
+           for b, h, k, w in [(16, 16, 64, 2), (16, 64, 32, 4), (32, 32, 32, 4), (16, 128, 32, 8)]]
 # Under the CPU interpreter every program is Python over numpy tiles: few, large programs.
 INTERPRETER_DEFAULTS = {**DEFAULTS, "RNN_BLOCK_B": 64, "RNN_BLOCK_H": 128, "RNN_BLOCK_K": 64}
 NOTE = ("its recurrent layers run kloop's Triton recurrence (_recurrent: each step's gates in one launch of "
-        "_recurrent_step_kernel, or with RNN_SEQUENCE every step of a layer in one launch of "
-        "_recurrent_sequence_kernel; the input projections as one GEMM per layer), tuned by the RNN_* constants")
+        "_recurrent_step_kernel, the input projections as one GEMM per layer), tuned by the RNN_* constants")
 
 
 # -- the op the generator traces ---------------------------------------------------------------------------------
@@ -144,13 +135,18 @@ def _recurrent_gate(h_ptr, w_ptr, gate, rows, cols, row_ok, col_ok, H, shb, shk,
 
 
 @triton.jit
-def _recurrent_cell(xp, h_ptr, c_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, H, shb, shk, scb, sck, swr, swk,
-                    MODE: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                    BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
-    # A BLOCK_B x BLOCK_H tile of (batch, hidden unit) at one time step: the new hidden state and, for an LSTM, cell
-    # state (fp32; c is h for the others). xp: the step's input projection at the tile (b_ih in it), gates side by
-    # side; MODE 0 LSTM (i, f, g, o), 1 GRU (r, z, n), 2 RNN tanh, 3 RNN ReLU.
+def _recurrent_step_kernel(xp_ptr, h_ptr, c_ptr, w_ptr, b_ptr, out_ptr, c_out_ptr, hn_ptr, B, H, FINAL,
+                           sxb, shb, shk, scb, sck, swr, swk, sob, scob, snb,
+                           MODE: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                           BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One time step for a BLOCK_B x BLOCK_H tile of (batch, hidden unit). xp: this step's input projection (b_ih in
+    # it), gates side by side; MODE 0 LSTM (i, f, g, o), 1 GRU (r, z, n), 2 RNN tanh, 3 RNN ReLU.
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < B
+    col_ok = cols < H
     ok = row_ok[:, None] & col_ok[None, :]
+    xp = xp_ptr + rows[:, None] * sxb + cols[None, :]
     a0 = _recurrent_gate(h_ptr, w_ptr, 0, rows, cols, row_ok, col_ok, H, shb, shk, swr, swk,
                          IEEE, BLOCK_B, BLOCK_H, BLOCK_K)
     a0 += tl.load(xp, mask=ok, other=0.0).to(tl.float32)
@@ -158,10 +154,8 @@ def _recurrent_cell(xp, h_ptr, c_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, 
         a0 += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if MODE == 2:
         h = libdevice.tanh(a0)
-        c = h
     elif MODE == 3:
         h = tl.maximum(a0, 0.0)
-        c = h
     else:
         a1 = _recurrent_gate(h_ptr, w_ptr, 1, rows, cols, row_ok, col_ok, H, shb, shk, swr, swk,
                              IEEE, BLOCK_B, BLOCK_H, BLOCK_K)
@@ -180,99 +174,17 @@ def _recurrent_cell(xp, h_ptr, c_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, 
                 a3 += tl.load(b_ptr + 3 * H + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             c_prev = tl.load(c_ptr + rows[:, None] * scb + cols[None, :] * sck, mask=ok, other=0.0).to(tl.float32)
             c = tl.sigmoid(a1) * c_prev + tl.sigmoid(a0) * libdevice.tanh(a2 + x2)
+            tl.store(c_out_ptr + rows[:, None] * scob + cols[None, :], c.to(c_out_ptr.dtype.element_ty), mask=ok)
             h = tl.sigmoid(a3) * libdevice.tanh(c)
         else:   # GRU: n = tanh(x_n + r * (W_hn h + b_hn)), h = (1 - z) n + z h_prev
             h_prev = tl.load(h_ptr + rows[:, None] * shb + cols[None, :] * shk, mask=ok, other=0.0).to(tl.float32)
             n = libdevice.tanh(x2 + tl.sigmoid(a0) * a2)
             z = tl.sigmoid(a1)
             h = (1.0 - z) * n + z * h_prev
-            c = h
-    return h, c
-
-
-@triton.jit
-def _recurrent_step_kernel(xp_ptr, h_ptr, c_ptr, w_ptr, b_ptr, out_ptr, c_out_ptr, hn_ptr, B, H, FINAL,
-                           sxb, shb, shk, scb, sck, swr, swk, sob, scob, snb,
-                           MODE: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
-                           BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
-    # One time step for a BLOCK_B x BLOCK_H tile of (batch, hidden unit).
-    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    row_ok = rows < B
-    col_ok = cols < H
-    ok = row_ok[:, None] & col_ok[None, :]
-    h, c = _recurrent_cell(xp_ptr + rows[:, None] * sxb + cols[None, :], h_ptr, c_ptr, w_ptr, b_ptr, rows, cols,
-                           row_ok, col_ok, H, shb, shk, scb, sck, swr, swk, MODE, HAS_BIAS, IEEE,
-                           BLOCK_B, BLOCK_H, BLOCK_K)
-    if MODE == 0:
-        tl.store(c_out_ptr + rows[:, None] * scob + cols[None, :], c.to(c_out_ptr.dtype.element_ty), mask=ok)
     h = h.to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * sob + cols[None, :], h, mask=ok)
     if FINAL != 0:
         tl.store(hn_ptr + rows[:, None] * snb + cols[None, :], h, mask=ok)
-
-
-@triton.jit
-def _recurrent_sequence_kernel(xp0_ptr, xp1_ptr, w0_ptr, w1_ptr, b0_ptr, b1_ptr, h0_ptr, c0_ptr, out_ptr, hw_ptr,
-                               cw_ptr, hn_ptr, cn_ptr, B, H, T, sxt, sxb, sh0d, sh0b, sh0k, sc0d, sc0b, sc0k,
-                               swr, swk, sot, sob, snd, snb, scnd, scnb,
-                               MODE: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, LARGE: tl.constexpr,
-                               BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
-    # Every time step of one direction of a layer (direction program_id(1): its input projection, weights and bias
-    # are the ...0 or ...1 arguments) for a BLOCK_B tile of the batch, one step after the other in this one program:
-    # batch rows never meet, so no program waits on another. The hidden (and cell) state passes between steps through
-    # hw and cw (directions x 2 slots x B x H, contiguous; step s reads slot s % 2 and writes the other), which a
-    # barrier makes visible to the program's own threads before the next step reads it.
-    d = tl.program_id(1)
-    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    if LARGE:
-        rows = rows.to(tl.int64)
-    row_ok = rows < B
-    if d == 0:
-        xp_ptr, w_ptr, b_ptr = xp0_ptr, w0_ptr, b0_ptr
-    else:
-        xp_ptr, w_ptr, b_ptr = xp1_ptr, w1_ptr, b1_ptr
-    hw = hw_ptr + d * 2 * B * H
-    cw = cw_ptr + d * 2 * B * H
-    for h0 in range(0, H, BLOCK_H):   # the initial state into slot 0
-        cols = h0 + tl.arange(0, BLOCK_H)
-        ok = row_ok[:, None] & (cols < H)[None, :]
-        state = rows[:, None] * H + cols[None, :]
-        tl.store(hw + state, tl.load(h0_ptr + d * sh0d + rows[:, None] * sh0b + cols[None, :] * sh0k, mask=ok),
-                 mask=ok)
-        if MODE == 0:
-            tl.store(cw + state, tl.load(c0_ptr + d * sc0d + rows[:, None] * sc0b + cols[None, :] * sc0k, mask=ok),
-                     mask=ok)
-    tl.debug_barrier()
-    for s in range(0, T):
-        t = s + d * (T - 1 - 2 * s)   # forward, or backward in time
-        if LARGE:
-            t = t.to(tl.int64)
-        read, write = (s % 2) * B * H, (1 - s % 2) * B * H
-        for h0 in range(0, H, BLOCK_H):
-            cols = h0 + tl.arange(0, BLOCK_H)
-            col_ok = cols < H
-            ok = row_ok[:, None] & col_ok[None, :]
-            state = rows[:, None] * H + cols[None, :]
-            h, c = _recurrent_cell(xp_ptr + t * sxt + rows[:, None] * sxb + cols[None, :], hw + read, cw + read,
-                                   w_ptr, b_ptr, rows, cols, row_ok, col_ok, H, H, 1, H, 1, swr, swk, MODE,
-                                   HAS_BIAS, IEEE, BLOCK_B, BLOCK_H, BLOCK_K)
-            h = h.to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + t * sot + rows[:, None] * sob + (d * H + cols)[None, :], h, mask=ok)
-            tl.store(hw + write + state, h, mask=ok)
-            if MODE == 0:
-                tl.store(cw + write + state, c.to(cw_ptr.dtype.element_ty), mask=ok)
-        tl.debug_barrier()
-    last = (T % 2) * B * H
-    for h0 in range(0, H, BLOCK_H):   # h_n (and c_n): the last step's state
-        cols = h0 + tl.arange(0, BLOCK_H)
-        ok = row_ok[:, None] & (cols < H)[None, :]
-        state = rows[:, None] * H + cols[None, :]
-        tl.store(hn_ptr + d * snd + rows[:, None] * snb + cols[None, :], tl.load(hw + last + state, mask=ok),
-                 mask=ok)
-        if MODE == 0:
-            tl.store(cn_ptr + d * scnd + rows[:, None] * scnb + cols[None, :], tl.load(cw + last + state, mask=ok),
-                     mask=ok)
 
 
 def _recurrent(x, h0, c0, weights, mode, num_layers, bidirectional, batch_first):
@@ -284,73 +196,41 @@ def _recurrent(x, h0, c0, weights, mode, num_layers, bidirectional, batch_first)
     batch, steps = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
     h_n = torch.empty(h0.shape, dtype=x.dtype, device=x.device)
     c_n = torch.empty(c0.shape if mode == "LSTM" else [0], dtype=x.dtype, device=x.device)
-    # the state between steps: the cell state (per-step kernel), or hidden and cell state (sequence kernel)
-    c_work = torch.empty([2, batch, hidden], dtype=x.dtype, device=x.device)
-    h_work = torch.empty([directions, 2, batch, hidden] if RNN_SEQUENCE else [0], dtype=x.dtype, device=x.device)
-    cs_work = torch.empty([directions, 2, batch, hidden] if RNN_SEQUENCE and mode == "LSTM" else [0],
-                          dtype=x.dtype, device=x.device)
+    c_work = torch.empty([2, batch, hidden], dtype=x.dtype, device=x.device)   # the cell state between steps
 
     def at(t_major, t):   # time step t of a (T, B, ...) or batch_first (B, T, ...) tensor
         return t_major[:, t] if batch_first else t_major[t]
 
     layer_in = x
+    grid = ((batch + RNN_BLOCK_B - 1) // RNN_BLOCK_B, (hidden + RNN_BLOCK_H - 1) // RNN_BLOCK_H)
     for layer in range(num_layers):
         out = torch.empty([x.shape[0], x.shape[1], directions * hidden], dtype=x.dtype, device=x.device)
-        w_hh, b_hh, projected = [], [], []
         for d in range(directions):
             index = layer * directions + d
-            w_ih, w = weights[index * per_direction], weights[index * per_direction + 1]
+            w_ih, w_hh = weights[index * per_direction], weights[index * per_direction + 1]
             b_ih = weights[index * per_direction + 2] if per_direction == 4 else None
-            w_hh.append(w)
-            b_hh.append(weights[index * per_direction + 3] if per_direction == 4 else w)
+            b_hh = weights[index * per_direction + 3] if per_direction == 4 else None
             # every step's input projection at once: one GEMM over the rows of layer_in, in its own layout
-            projected.append(torch.empty([x.shape[0], x.shape[1], gates * hidden], dtype=x.dtype, device=x.device))
+            projected = torch.empty([x.shape[0], x.shape[1], gates * hidden], dtype=x.dtype, device=x.device)
             rows = _merged_rows(layer_in)
             _gemm(rows, w_ih.t().unsqueeze(0).expand(rows.shape[0], -1, -1), b_ih,
-                  projected[d].view(rows.shape[0], rows.shape[1], gates * hidden), 1.0, 1.0)
-        if RNN_SEQUENCE and w_hh[0].stride() == w_hh[-1].stride():   # one launch reads both with one set of strides
-            _recurrent_sequence(layer, projected, w_hh, b_hh, h0, c0, out, h_work, cs_work, h_n, c_n, mode,
-                                per_direction == 4, batch, steps, batch_first)
-        else:
-            for d in range(directions):
-                index = layer * directions + d
-                own = out[:, :, d * hidden:(d + 1) * hidden]
-                grid = ((batch + RNN_BLOCK_B - 1) // RNN_BLOCK_B, (hidden + RNN_BLOCK_H - 1) // RNN_BLOCK_H)
-                for s in range(steps):
-                    t = s if d == 0 else steps - 1 - s
-                    h_prev = h0[index] if s == 0 else at(own, t - 1 if d == 0 else t + 1)
-                    c_prev = (c0[index] if s == 0 else c_work[(s - 1) % 2]) if mode == "LSTM" else h_prev
-                    c_next = (c_n[index] if s == steps - 1 else c_work[s % 2]) if mode == "LSTM" else h_prev
-                    xp, h_out = at(projected[d], t), at(own, t)
-                    _recurrent_step_kernel[grid](
-                        xp, h_prev, c_prev, w_hh[d], b_hh[d], h_out, c_next, h_n[index], batch, hidden,
-                        int(s == steps - 1), xp.stride(0), h_prev.stride(0), h_prev.stride(1), c_prev.stride(0),
-                        c_prev.stride(1), w_hh[d].stride(0), w_hh[d].stride(1), h_out.stride(0), c_next.stride(0),
-                        h_n.stride(1), MODE=MODES[mode], HAS_BIAS=per_direction == 4, IEEE=x.dtype == torch.float32,
-                        BLOCK_B=RNN_BLOCK_B, BLOCK_H=RNN_BLOCK_H, BLOCK_K=RNN_BLOCK_K, num_warps=RNN_NUM_WARPS)
+                  projected.view(rows.shape[0], rows.shape[1], gates * hidden), 1.0, 1.0)
+            own = out[:, :, d * hidden:(d + 1) * hidden]
+            for s in range(steps):
+                t = s if d == 0 else steps - 1 - s
+                h_prev = h0[index] if s == 0 else at(own, t - 1 if d == 0 else t + 1)
+                c_prev = (c0[index] if s == 0 else c_work[(s - 1) % 2]) if mode == "LSTM" else h_prev
+                c_next = (c_n[index] if s == steps - 1 else c_work[s % 2]) if mode == "LSTM" else h_prev
+                xp, h_out = at(projected, t), at(own, t)
+                _recurrent_step_kernel[grid](
+                    xp, h_prev, c_prev, w_hh, b_hh if b_hh is not None else w_hh, h_out, c_next, h_n[index],
+                    batch, hidden, int(s == steps - 1), xp.stride(0), h_prev.stride(0), h_prev.stride(1),
+                    c_prev.stride(0), c_prev.stride(1), w_hh.stride(0), w_hh.stride(1), h_out.stride(0),
+                    c_next.stride(0), h_n.stride(1), MODE=MODES[mode], HAS_BIAS=b_hh is not None,
+                    IEEE=x.dtype == torch.float32, BLOCK_B=RNN_BLOCK_B, BLOCK_H=RNN_BLOCK_H, BLOCK_K=RNN_BLOCK_K,
+                    num_warps=RNN_NUM_WARPS)
         layer_in = out
     return layer_in, h_n, c_n
-
-
-def _recurrent_sequence(layer, projected, w_hh, b_hh, h0, c0, out, h_work, c_work, h_n, c_n, mode, has_bias,
-                        batch, steps, batch_first):
-    """One layer's steps, every direction at once, in one launch of _recurrent_sequence_kernel."""
-    directions = len(projected)
-    first = layer * directions   # this layer's first direction in h0, c0, h_n and c_n
-    c0_layer, c_n_layer = (c0[first:], c_n[first:]) if mode == "LSTM" else (h0[first:], h_n[first:])
-    c_work = c_work if mode == "LSTM" else h_work
-    xp = projected[0]
-    step_strides = (xp.stride(1), xp.stride(0)) if batch_first else (xp.stride(0), xp.stride(1))
-    out_strides = (out.stride(1), out.stride(0)) if batch_first else (out.stride(0), out.stride(1))
-    reach = max(sum((size - 1) * abs(step) for size, step in zip(t.shape, t.stride())) for t in (xp, out))
-    grid = ((batch + RNN_BLOCK_B - 1) // RNN_BLOCK_B, directions)
-    _recurrent_sequence_kernel[grid](
-        xp, projected[-1], w_hh[0], w_hh[-1], b_hh[0], b_hh[-1], h0[first:], c0_layer, out, h_work, c_work,
-        h_n[first:], c_n_layer, batch, h0.shape[2], steps, *step_strides, h0.stride(0), h0.stride(1), h0.stride(2),
-        c0_layer.stride(0), c0_layer.stride(1), c0_layer.stride(2), w_hh[0].stride(0), w_hh[0].stride(1),
-        *out_strides, h_n.stride(0), h_n.stride(1), c_n_layer.stride(0), c_n_layer.stride(1), MODE=MODES[mode],
-        HAS_BIAS=has_bias, IEEE=out.dtype == torch.float32, LARGE=reach >= 2**31 - 1, BLOCK_B=RNN_BLOCK_B,
-        BLOCK_H=RNN_BLOCK_H, BLOCK_K=RNN_BLOCK_K, num_warps=RNN_NUM_WARPS)
 
 
 def _merged_rows(t):
@@ -364,6 +244,5 @@ def _merged_rows(t):
 def candidate_source(call: str) -> str:
     """The kernels and launcher as a candidate holds them, whatever `call` (a translated wrapper) launches (with
     kloop's GEMM: inductor_gemm.candidate_source)."""
-    functions = (_recurrent_gate.fn, _recurrent_cell.fn, _recurrent_step_kernel.fn, _recurrent_sequence_kernel.fn,
-                 _recurrent, _recurrent_sequence, _merged_rows)
+    functions = (_recurrent_gate.fn, _recurrent_step_kernel.fn, _recurrent, _merged_rows)
     return f"MODES = {MODES!r}\n\n\n" + "\n\n".join(inspect.getsource(f) for f in functions)
