@@ -669,6 +669,11 @@ def test_the_ints_of_the_references_own_modules_that_checked_shapes_change_becom
     assert load_target("tests/targets/kb_multihead_attention.py").module_ints() == [{}] * 6
     assert inductor.argument_expressions(["L['module']._modules['attn'].n_head", "L['args'][2].size()[1]"]) == \
         ["self._modules['attn'].n_head", "flat[2].shape[1]"]
+    block = torch.nn.Module()   # the main shape's value of such an input, read by attribute lookups
+    block.attn = torch.nn.Module()
+    block.attn.n_head, block.width = 6, 32
+    assert inductor.module_int(block, "L['module']._modules['attn'].n_head") == 6
+    assert inductor.module_int(block, "L['module'].width") == 32
 
 
 def test_weight_sizes_no_checked_shape_changes_are_constants_and_the_starter_refuses_others():

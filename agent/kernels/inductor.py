@@ -1057,6 +1057,16 @@ _SOURCE = re.compile(r"^L\['args'\]\[(\d+)\](?:\.(size|stride)\(\)\[(\d+)\]|\.st
 _MODULE_SOURCE = re.compile(r"^L\['module'\]((?:\._modules\['\w+'\])*\.[A-Za-z_]\w*)$")
 
 
+def module_int(model, source: str):
+    """The value of a graph input that _MODULE_SOURCE matched, read from model by attribute lookups (no eval):
+    `L['module']._modules['attn'].n_head` is model._modules['attn'].n_head."""
+    path = _MODULE_SOURCE.match(source).group(1)
+    owner = model
+    for name in re.findall(r"\._modules\['(\w+)'\]", path):
+        owner = owner._modules[name]
+    return getattr(owner, path.rsplit(".", 1)[1])
+
+
 def argument_expressions(sources: list[str]) -> list[str]:
     """Each graph input as an expression over `flat` (the weights, then the forward's inputs), or over ModelNew's
     `self` for an int attribute of its modules (ModelNew is a Model: the same modules, built with the same
@@ -1354,8 +1364,7 @@ def generate_here(target_spec: str, small: bool) -> Generated:
     generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter, fixed=fixed))
     try:  # the main shape's own kernels, as torch.compile makes them: where it falls short, dynamic ones serve it
         main_wrapper, main_sources = capture(model, inputs, dynamic=False)
-        ints = [eval(e, {"self": model}) for s, e in zip(sources, argument_expressions(sources))  # noqa: S307
-                if _MODULE_SOURCE.match(s)]   # attribute reads only (_MODULE_SOURCE)
+        ints = [module_int(model, s) for s in sources if _MODULE_SOURCE.match(s)]
         main = (main_wrapper, main_sources, layout(list(model.parameters()) + list(model.buffers()) + inputs + ints))
         generated = _checked(build_candidate(wrapper, sources, target.source, single, interpreter, main, fixed))
     except Exception as e:  # noqa: BLE001
