@@ -11,20 +11,21 @@ The kernel is an implicit GEMM over any 1-, 2- or 3-D convolution, transposed or
 dilation and output padding: rows are output positions (n, od, oh, ow), columns the output channels of one group (one
 group per program along grid z), and the reduction runs over (input channel, kd, kh, kw) of that group, the input
 gathered with masks (a transposed convolution gathers the input positions whose stride divides the offset; with a
-stride, grid z also picks a stride phase of the output, whose taps all contribute, rather than masking (S-1)/S of
-them per dimension): a kernel tap at a time with its channels in BLOCK_K steps where a group has 16 input channels or
-more (the position math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps. The kernel reads
-the weights re-laid with the output channels innermost (a Triton copy per call, while CONV_W_RELAYOUT), so a weight
-tile's loads coalesce; the flattened path gathers its input tile transposed, for the same reason (measured in
-tests/experiments/conv_layouts.py: results/conv-layouts-h200/). 1-D and 2-D
-convolutions run as 3-D with leading sizes of 1. Sizes, strides and convolution parameters are runtime arguments, so
-one compiled kernel serves every shape. fp32 inputs use 3xTF32 dot products (tensor cores, about fp32's accuracy;
-plain TF32 would miss fp32's tolerance), 16 columns or more (a narrower group's are masked); where a group has at most
-PRODUCT_SUM_MAX_N output channels, the tile is multiplied and summed on the CUDA cores instead. That path stays under
-16 columns: Triton up to 3.6 rewrites sum(a[:, :, None] * w[None, :, :], 1) with 16 rows and columns or more into a
-*TF32* tl.dot (CombineBroadcastMulReducePattern; IEEE since triton-lang/triton#9831, merged 2026-03-25). On the GPUs'
-Triton 3.6 such a product of 16 columns (KernelBench level 2's 26, a hidden variant of 13 output channels) and one of
-64 (level 1's 87) were off by TF32's rounding, right under the interpreter.
+stride, grid z also picks a stride phase of the output, whose taps all contribute, rather than masking (S-1)/S of them
+per dimension): a kernel tap at a time with its channels in BLOCK_K steps where a group has 16 input channels or more
+(the position math is then per row), else (channel, tap) pairs flattened into BLOCK_K steps, or with CONV_FMA one pair a
+step as an fp32 rank-1 update on the CUDA cores. Every input position is a row's base plus a tap's offset, so no loop
+divides per row or element. The kernel reads the weights re-laid with the output channels innermost (a Triton copy per
+call, while CONV_W_RELAYOUT), so a weight tile's loads coalesce; the flattened path gathers its input tile transposed,
+for the same reason (measured in tests/experiments/conv_layouts.py: results/conv-layouts-h200/). 1-D and 2-D
+convolutions run as 3-D with leading sizes of 1. Sizes, strides and convolution parameters are runtime arguments, so one
+compiled kernel serves every shape. fp32 inputs use 3xTF32 dot products (tensor cores, about fp32's accuracy; plain TF32
+would miss fp32's tolerance), 16 columns or more (a narrower group's are masked); where a group has at most
+PRODUCT_SUM_MAX_N output channels, the tile is multiplied and summed on the CUDA cores instead. That path stays under 16
+columns: Triton up to 3.6 rewrites sum(a[:, :, None] * w[None, :, :], 1) with 16 rows and columns or more into a *TF32*
+tl.dot (CombineBroadcastMulReducePattern; IEEE since triton-lang/triton#9831, merged 2026-03-25). On the GPUs' Triton
+3.6 such a product of 16 columns (KernelBench level 2's 26, a hidden variant of 13 output channels) and one of 64 (level
+1's 87) were off by TF32's rounding, right under the interpreter.
 
 A depthwise convolution (one input channel per group, not transposed) has a reduction of only its kernel's taps:
 as a GEMM its tiles are mostly masked (0.13x torch.compile, i.e. cuDNN, on KernelBench level 1's 82 and 84, H200).
@@ -166,7 +167,7 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One BLOCK_M x BLOCK_N tile of a convolution's output as an implicit GEMM (rows: output positions, columns:
     output channels). Over 80 lines: one Triton program, whose row and column setup (int32 or int64 index math, the
-    stride phase) feeds both loop orders below; each step's multiply-accumulate is already _conv_accumulate's."""
+    stride phase) feeds the three loops below; the dot steps' multiply-accumulate is already _conv_accumulate's."""
     # Index math is int32 unless LARGE (an offset of 2**31 or more in x, w or y): per row and per (row, k) element,
     # int64 math takes the registers that the tiles need.
     # Every input position is a row's base plus a tap's offset, per dimension (_conv_tap_offset): no division per
