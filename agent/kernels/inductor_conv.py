@@ -262,15 +262,8 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
             t = k
             if LARGE:
                 t = t.to(tl.int64)
-            kw = kw0 + (t % DIV_KW) * ksw
-            t = t // DIV_KW
-            kh = kh0 + (t % DIV_KH) * ksh
-            t = t // DIV_KH
-            kd = kd0 + (t % DIV_KD) * ksd
-            c = t // DIV_KD
-            fd = _conv_tap_offset(kd, cd, DD, SD, TRANSPOSED, PHASED)
-            fh = _conv_tap_offset(kh, ch, DH, SH, TRANSPOSED, PHASED)
-            fw = _conv_tap_offset(kw, cw, DW, SW, TRANSPOSED, PHASED)
+            c, kd, kh, kw, fd, fh, fw = _conv_pair(t, kd0, kh0, kw0, ksd, ksh, ksw, DIV_KD, DIV_KH, DIV_KW, cd, ch, cw,
+                                                   DD, DH, DW, SD, SH, SW, TRANSPOSED, PHASED)
             ok = _conv_inside(bd + fd, ID) & _conv_inside(bh + fh, IH) & _conv_inside(bw + fw, IW) & row_ok
             a = tl.load(x_ptr + x_rows + (c * sxc + fd * sxd + fh * sxh + fw * sxw), mask=ok, other=0.0)
             wt = tl.load(w_ptr + w_group + c * w_step + kd * swd + kh * swh + kw * sww + w_cols, mask=col_ok,
@@ -284,15 +277,8 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         K = C_IN_G * TKD * TKH * TKW
         for k0 in range(0, K, BLOCK_K):
             k = k0 + ks
-            kw = kw0 + (k % DIV_KW) * ksw
-            t = k // DIV_KW
-            kh = kh0 + (t % DIV_KH) * ksh
-            t = t // DIV_KH
-            kd = kd0 + (t % DIV_KD) * ksd
-            c = t // DIV_KD
-            fd = _conv_tap_offset(kd, cd, DD, SD, TRANSPOSED, PHASED)
-            fh = _conv_tap_offset(kh, ch, DH, SH, TRANSPOSED, PHASED)
-            fw = _conv_tap_offset(kw, cw, DW, SW, TRANSPOSED, PHASED)
+            c, kd, kh, kw, fd, fh, fw = _conv_pair(k, kd0, kh0, kw0, ksd, ksh, ksw, DIV_KD, DIV_KH, DIV_KW, cd, ch, cw,
+                                                   DD, DH, DW, SD, SH, SW, TRANSPOSED, PHASED)
             ok = (_conv_inside(bd[None, :] + fd[:, None], ID) & _conv_inside(bh[None, :] + fh[:, None], IH)
                   & _conv_inside(bw[None, :] + fw[:, None], IW) & row_ok[None, :] & (k < K)[:, None])
             a = tl.trans(tl.load(x_ptr + x_rows[None, :] + (c * sxc + fd * sxd + fh * sxh + fw * sxw)[:, None],
@@ -306,6 +292,20 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_OUT, C_IN_G, C_OUT_G, PHASES,
         acc += tl.load(b_ptr + co, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y_off = (n * C_OUT * spatial + r)[:, None] + (co * spatial)[None, :]
     tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _conv_pair(k, kd0, kh0, kw0, ksd, ksh, ksw, DIV_KD, DIV_KH, DIV_KW, cd, ch, cw, DD, DH, DW, SD, SH, SW,
+               TRANSPOSED: tl.constexpr, PHASED: tl.constexpr):
+    # A flattened reduction index k (one, or a vector of them) as its (input channel, kernel tap) pair, and the
+    # tap's input offsets per dimension
+    kw = kw0 + (k % DIV_KW) * ksw
+    t = k // DIV_KW
+    kh = kh0 + (t % DIV_KH) * ksh
+    t = t // DIV_KH
+    kd = kd0 + (t % DIV_KD) * ksd
+    return (t // DIV_KD, kd, kh, kw, _conv_tap_offset(kd, cd, DD, SD, TRANSPOSED, PHASED),
+            _conv_tap_offset(kh, ch, DH, SH, TRANSPOSED, PHASED), _conv_tap_offset(kw, cw, DW, SW, TRANSPOSED, PHASED))
 
 
 @triton.jit
@@ -482,10 +482,9 @@ def _conv_gather_kernel(src_ptr, dst_ptr, N, S1, S2, S3, S4, T0, T1, T2, T3, T4,
 
 def candidate_source() -> str:
     """The kernel and its launcher as a candidate holds them (the tunables are written by the generator)."""
-    functions = (output_sizes, _conv_kernel.fn, _conv_tap_offset.fn, _conv_inside.fn, _conv_phase_taps.fn,
-                 _conv_accumulate.fn, _conv_depthwise_kernel.fn,
-                 _conv, _strides_3d, _output_channels_inner,
-                 _conv_gather_kernel.fn)
+    functions = (output_sizes, _conv_kernel.fn, _conv_pair.fn, _conv_tap_offset.fn, _conv_inside.fn,
+                 _conv_phase_taps.fn, _conv_accumulate.fn, _conv_depthwise_kernel.fn, _conv, _strides_3d,
+                 _output_channels_inner, _conv_gather_kernel.fn)
     constants = (f"import math\n\nINT32_REACH = {INT32_REACH}\nPRODUCT_SUM_MAX_N = {PRODUCT_SUM_MAX_N}\n"
                  f"TAPS_OUTER_MIN_CHANNELS = {TAPS_OUTER_MIN_CHANNELS}\n\n\n")
     return constants + "\n\n".join(inspect.getsource(f) for f in functions)
