@@ -115,8 +115,9 @@ class Target:
         """The sizes of the reference Model's parameters and buffers, in Model's order, at each checked shape, full
         size and CPU size (built on the meta device: no memory); None where the Model cannot be built there."""
         if "state_shapes" not in self._plans:
-            shapes = self.shapes(small=False) + self.shapes(small=True)
-            self._plans["state_shapes"] = _meta_state_shapes([self.module_for(shape) for shape in shapes])
+            models = self._meta_models()
+            self._plans["state_shapes"] = None if models is None else [
+                [tuple(t.shape) for t in [*model.parameters(), *model.buffers()]] for model in models]
         return self._plans["state_shapes"]
 
     def module_ints(self) -> list[dict[str, int]] | None:
@@ -124,9 +125,21 @@ class Target:
         tensors; torch.nn's modules keep the sizes their weights carry), at each checked shape, full size and CPU
         size, built on the meta device as state_shapes; None where the Model cannot be built there."""
         if "module_ints" not in self._plans:
-            shapes = self.shapes(small=False) + self.shapes(small=True)
-            self._plans["module_ints"] = _meta_module_ints([self.module_for(shape) for shape in shapes])
+            models = self._meta_models()
+            self._plans["module_ints"] = None if models is None else [
+                {f"{path}.{name}".lstrip("."): value for path, sub in model.named_modules()
+                 if not type(sub).__module__.startswith("torch.")
+                 for name, value in vars(sub).items() if type(value) is int} for model in models]
         return self._plans["module_ints"]
+
+    def _meta_models(self) -> list | None:
+        """The reference Model at each checked shape, full size then CPU size, built once on the meta device for
+        state_shapes and module_ints; None where one cannot be built there."""
+        if "meta_models" not in self._plans:
+            shapes = self.shapes(small=False) + self.shapes(small=True)
+            models = [_meta_model(self.module_for(shape)) for shape in shapes]
+            self._plans["meta_models"] = None if any(model is None for model in models) else models
+        return self._plans["meta_models"]
 
     def shape_note(self, small: bool) -> str:
         """One line on where shapes(small) came from."""
@@ -245,27 +258,6 @@ def _meta_state_bytes(module: ModuleType) -> int:
     if model is None:
         return 0
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-
-
-def _meta_models(modules: list[ModuleType]) -> list | None:
-    models = [_meta_model(module) for module in modules]
-    return None if any(model is None for model in models) else models
-
-
-def _meta_state_shapes(modules: list[ModuleType]) -> list[list[tuple[int, ...]]] | None:
-    models = _meta_models(modules)
-    if models is None:
-        return None
-    return [[tuple(t.shape) for t in [*model.parameters(), *model.buffers()]] for model in models]
-
-
-def _meta_module_ints(modules: list[ModuleType]) -> list[dict[str, int]] | None:
-    models = _meta_models(modules)
-    if models is None:
-        return None
-    return [{f"{path}.{name}".lstrip("."): value for path, sub in model.named_modules()
-             if not type(sub).__module__.startswith("torch.")
-             for name, value in vars(sub).items() if type(value) is int} for model in models]
 
 
 def check_reference(target: Target) -> None:
