@@ -575,11 +575,14 @@ def call(args):
     torch.nn.RNN(12, 20, nonlinearity="relu", bias=False),
     torch.nn.RNN(12, 20, bidirectional=True, batch_first=True),
 ])
-def test_kloops_recurrence_computes_lstm_gru_and_rnn_layers(monkeypatch, layer):
+@pytest.mark.parametrize("persistent", [0, 1], ids=["a launch per step", "a launch per layer"])
+def test_kloops_recurrence_computes_lstm_gru_and_rnn_layers(monkeypatch, layer, persistent):
     from agent.kernels import inductor_rnn
     import sandbox.libdevice_cpu
 
     monkeypatch.setattr(inductor_rnn, "libdevice", sandbox.libdevice_cpu)   # as the CPU executor runs it
+    monkeypatch.setattr(inductor_rnn, "RNN_PERSISTENT", persistent)
+    monkeypatch.setattr(inductor_rnn, "RNN_BLOCK_H", 16)   # 20 hidden units: two tiles a step, the second partial
     torch.manual_seed(0)
     directions = 2 if layer.bidirectional else 1
     x = torch.randn(5, 7, 12)
@@ -594,6 +597,27 @@ def test_kloops_recurrence_computes_lstm_gru_and_rnn_layers(monkeypatch, layer):
     torch.testing.assert_close(h, want_state[0] if c0 is not None else want_state)
     if c0 is not None:
         torch.testing.assert_close(c, want_state[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_on_a_gpu_the_layer_kernels_programs_meet_at_every_step(monkeypatch, mode):
+    """The one-launch-per-layer recurrence on a GPU, where its programs really run at once and wait for each other
+    after every step: 200 steps, both directions, 6 tiles a direction; a missed barrier reads a stale h."""
+    from agent.kernels import inductor_rnn
+
+    monkeypatch.setattr(inductor_rnn, "RNN_PERSISTENT", 1)
+    monkeypatch.setattr(inductor_rnn, "RNN_BLOCK_H", 16)
+    torch.manual_seed(0)
+    layer = getattr(torch.nn, mode)(24, 48, num_layers=2, bidirectional=True).cuda().double()
+    x, h0 = torch.randn(200, 20, 24, device="cuda"), torch.randn(4, 20, 48, device="cuda")
+    c0 = torch.randn_like(h0) if mode == "LSTM" else None
+    weights = [getattr(layer, name).float() for name in layer._flat_weights_names]
+    with torch.no_grad():
+        out, h, c = inductor_rnn._recurrent(x, h0, c0, weights, mode, 2, True, False)
+        want, state = layer(x.double(), (h0.double(), c0.double()) if c0 is not None else h0.double())
+    torch.testing.assert_close(out.double(), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(h.double(), state[0] if c0 is not None else state, atol=1e-4, rtol=1e-4)
 
 
 def test_a_recurrent_layer_kloop_does_not_compute_says_so():
