@@ -292,3 +292,26 @@ def test_an_output_beyond_the_reference_as_often_as_the_reverse_is_its_peer():
     bad, own, theirs = verify.against_float64(wrong, ref, exact, atol, rtol)
     assert own > 10 * theirs and not verify.a_peer_of_the_reference(*verify.exchanged(wrong, ref, exact, atol, rtol),
                                                                     own, theirs, exact.numel())
+
+
+def test_where_the_reference_left_the_truths_trajectory_only_the_worst_and_the_norm_compare():
+    # A GRU of 512 steps on large inputs: a saturated gate flips on a rounding error and the flip carries to every
+    # later step of its row, so two float32 runs diverge from the truth in different rows, of different sizes.
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(64, 4096, generator=g, dtype=torch.float64) * 100
+    atol, rtol = 1e-3, 1e-4
+
+    def diverged(rows: slice) -> torch.Tensor:
+        run = exact + torch.randn(exact.shape, generator=g, dtype=torch.float64) * 1e-6 * exact.abs()
+        run[rows] = torch.randn(run[rows].shape, generator=g, dtype=torch.float64) * 100   # its own trajectory
+        return run.float()
+
+    ref, honest = diverged(slice(3, 4)), diverged(slice(20, 24))   # the kernel's flip came earlier: 4 rows
+    bad, own, theirs = verify.against_float64(honest, ref, exact, atol, rtol)
+    beyond_out, beyond_ref = verify.exchanged(honest, ref, exact, atol, rtol)
+    assert theirs > verify.CHAOTIC and beyond_out > 3 * beyond_ref + 16 and own <= verify.WORST_FACTOR * theirs
+    assert verify.a_peer_of_the_reference(beyond_out, beyond_ref, own, theirs, exact.numel())
+    # the same counts where the reference stayed on the truth's trajectory: the counts still decide
+    assert not verify.a_peer_of_the_reference(beyond_out, beyond_ref, own, verify.CHAOTIC / 10, exact.numel())
+    # and the worst still bounds a chaotic one
+    assert not verify.a_peer_of_the_reference(beyond_out, beyond_ref, 3 * theirs, theirs, exact.numel())

@@ -47,7 +47,10 @@ beyond the other's; where lucky draws make a whole region of the reference's noi
 convolution on small inputs: each channel's mean rounds once, and its bias dwarfs its product), elements of an
 honest kernel are beyond it, and as many of the reference's are beyond the kernel's. So the output passes when it has
 at most EXCHANGE_FACTOR times as many such elements as the reference, plus EXCHANGE_SLACK of its elements (one in a
-million), and its worst is at most WORST_FACTOR times the reference's worst, in tolerances. Coarser arithmetic is
+million), and its worst is at most WORST_FACTOR times the reference's worst, in tolerances. Where the reference itself
+is CHAOTIC tolerances off the truth somewhere, the op is chaotic on these inputs (a rounding error flips a saturated
+gate, and the flip carries to every later step: two float32 runs diverge in different places), so the counts are
+waived; the worst and the norm still bound the output. Coarser arithmetic is
 beyond the reference at most of its elements and the reference beyond it at almost none; a sparse wrong element is
 further off than the reference anywhere.
 
@@ -94,6 +97,11 @@ EXCHANGE_FACTOR = 2.0  # exchanged: an output may be beyond the reference this m
 EXCHANGE_SLACK = 1e-6  # plus this fraction of its elements (EXCHANGE_MIN_SLACK at least),
 EXCHANGE_MIN_SLACK = 16
 WORST_FACTOR = 2.0     # and its worst this many times as far off as the reference's worst
+# a_peer_of_the_reference: a float32 reference this many tolerances off the float64 truth (10% of a value, where the
+# rounding of one step is 1e-7) is on another trajectory: a GRU of 512 steps on large inputs, whose saturated gates
+# flip on a rounding error and carry the flip to every later step (the reference 4330 tolerances off; an honest
+# float32 GRU was refused by the counts on 1 of 50 such checks, a 3xTF32 one on the GPU likewise)
+CHAOTIC = 1000.0
 FAST_MARGIN = 1 - 1e-3  # the first pass accepts |out - ref| <= 0.999 * (atol + rtol |ref|): float32 error is ~1e-7
 SAME_SIZE_INTEGER = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # same_bits compares whole elements
 
@@ -435,9 +443,13 @@ def a_peer_of_the_reference(beyond_out: int, beyond_ref: int, own: float, theirs
     """Whether an output of `elements` elements, some beyond against_float64's rule, is still as near the float64
     truth as the reference (exchanged's counts; own and theirs: the worst distances, in tolerances). The slack grows
     with the output: tail events of two draws of noise come in proportion to its size (level 2's 34, 268M elements:
-    35 of an honest kernel's beyond the reference, 4 the other way, its worst 8.51 tolerances, the reference's 8.66)."""
+    35 of an honest kernel's beyond the reference, 4 the other way, its worst 8.51 tolerances, the reference's 8.66).
+    A reference CHAOTIC tolerances off somewhere has itself left the truth's trajectory: the counts are then the
+    sizes of two draws' diverged regions, and only the worst distance (and the norm rule) compare."""
+    if own > WORST_FACTOR * theirs:
+        return False
     slack = max(EXCHANGE_MIN_SLACK, EXCHANGE_SLACK * elements)
-    return own <= WORST_FACTOR * theirs and beyond_out <= EXCHANGE_FACTOR * beyond_ref + slack
+    return theirs >= CHAOTIC or beyond_out <= EXCHANGE_FACTOR * beyond_ref + slack
 
 
 def _beyond_local(d_own: torch.Tensor, allowed: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
