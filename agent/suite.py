@@ -832,6 +832,13 @@ class _Lending:
                         self.lent.append((device.name, other))
                         break
 
+    def interrupt(self) -> None:
+        """Every lane's waits for its candidates raise KeyboardInterrupt (sandbox.pipeline.Pipeline.interrupt)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.interrupt()
+
     def close(self) -> None:
         for session in self._sessions.values():
             session.close()
@@ -841,8 +848,9 @@ def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], 
                lanes: list[dict]) -> None:
     """Lanes side by side, each a thread with its own database connection and evaluator session (on GPU lanes, its
     own GPU for timing), lending its devices to the lanes still running once it has nothing left (_Lending).
-    Ctrl-C, or a lane's error: every lane's next event raises KeyboardInterrupt in it, which marks its problem in
-    flight stopped as one lane would; then the interrupt (or the error) is raised here."""
+    Ctrl-C, or a lane's error: every lane's next event, or its wait for a candidate in flight, raises
+    KeyboardInterrupt in it, which marks its problem in flight stopped as one lane would; then the interrupt (or the
+    error) is raised here."""
     from agent.kernels import inductor
 
     stopping, lock, errors = threading.Event(), threading.Lock(), []
@@ -851,6 +859,7 @@ def _run_lanes(store: Store, plan: SuitePlan, on_event: Callable[[dict], None], 
     def stop() -> None:
         stopping.set()
         inductor.stop_generating()  # lanes waiting for starters reach their next event now
+        lending.interrupt()         # lanes waiting for a candidate's stage stop waiting now
 
     def events(event: dict) -> None:
         if stopping.is_set():

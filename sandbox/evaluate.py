@@ -397,6 +397,12 @@ class Session:
             if ev.result.verdict is None:
                 self.adopt_best(ev, attempt, median_us)
 
+    def interrupt(self) -> None:
+        """Ctrl-C for the threads waiting on this session's submitted candidates (sandbox.pipeline.Pipeline.interrupt);
+        the session still needs closing."""
+        if self._pipeline is not None:
+            self._pipeline.interrupt()
+
     def close(self) -> None:
         self.closed = True
         if self._pipeline is not None:

@@ -20,7 +20,9 @@ Each submitted candidate goes through two queues:
 A re-judgement (`Submitted.rejudge`: the paired re-measurement against a best adopted after this candidate was
 profiled) goes before any waiting candidate. A device that is lost on the way (a Ray actor whose node died:
 `DeviceLost`) loses only the candidate it held, which goes back to the queue for the other devices. The trust model
-is the evaluator's: nothing here decides a verdict.
+is the evaluator's: nothing here decides a verdict. `Pipeline.interrupt` is Ctrl-C for a thread that waits on a
+stage but is not the main thread (a suite's lane): every wait raises KeyboardInterrupt within INTERRUPT_POLL_S, as
+the main thread's would, and no candidate's partial result is ever handed back.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 STAGES = ("plan", "load", "verify", "profile")
+INTERRUPT_POLL_S = 0.2   # how often a wait looks whether the pipeline was interrupted
 PLANNER_GPU_BYTES = 1 << 30   # a planner's CUDA context and Triton's working set, besides the target's inputs
 PLANNER_MEMORY_SHARE = 0.4    # of the GPUs' memory, at most, for the planners on them
 
@@ -133,7 +136,7 @@ class Submitted:
         self.evaluation.adopt_as_best(attempt)
 
     def _wait(self, stage: str):
-        self._stages[stage].wait()
+        self.pipeline.wait(self._stages[stage])
         if self.error is not None:  # a bug of ours in a background thread surfaces in the caller's
             raise self.error
         return self.evaluation.result
@@ -178,6 +181,7 @@ class Pipeline:
         self._urgent: collections.deque = collections.deque()   # (job, done event): re-judgements
         self._planning: set[Submitted] = set()
         self._closing = False
+        self.interrupted = False
         self._seq = itertools.count(1)
         self._planners = ThreadPoolExecutor(max_workers=session.planners, thread_name_prefix="kloop-planner")
         self.memory = MemoryGate(session.planning_memory())
@@ -195,9 +199,25 @@ class Pipeline:
         thread.start()
 
     def submit(self, evaluation) -> Submitted:
+        if self.interrupted:
+            raise KeyboardInterrupt
         job = Submitted(self, evaluation, next(self._seq))
         self._planners.submit(self._plan, job)
         return job
+
+    def interrupt(self) -> None:
+        """For good: every wait on a stage or a re-judgement, now or within INTERRUPT_POLL_S, raises
+        KeyboardInterrupt, and so does submit. What the planners and devices are doing goes on until the session
+        closes (and kills it); the candidates' state is left alone, so closing them stays as safe as ever."""
+        self.interrupted = True
+
+    def wait(self, event: threading.Event) -> None:
+        """event.wait(), but KeyboardInterrupt once the pipeline is interrupted."""
+        while not event.wait(INTERRUPT_POLL_S):
+            if self.interrupted:
+                raise KeyboardInterrupt
+        if self.interrupted:
+            raise KeyboardInterrupt
 
     # -- planning ------------------------------------------------------------------------------------------------
     def _plan(self, job: Submitted) -> None:
@@ -346,11 +366,13 @@ class Pipeline:
     def rejudge(self, job: Submitted) -> None:
         done = threading.Event()
         with self._cond:
+            if self.interrupted:
+                raise KeyboardInterrupt
             if self._closing:
                 return
             self._urgent.append((job, done))
             self._cond.notify_all()
-        done.wait()
+        self.wait(done)
         if job.error is not None:
             raise job.error
 

@@ -368,6 +368,10 @@ class RaySession:
         if ev.result.verdict is None:
             self.adopt_best(ev, attempt, median_us)
 
+    def interrupt(self) -> None:
+        """As Session.interrupt."""
+        self._pipeline.interrupt()
+
     def close(self) -> None:
         self._pipeline.close()
         for device in self.devices:

@@ -250,6 +250,35 @@ def test_close_drops_what_waits_and_closes_each_evaluation_once():
     assert len([e for e in log if e[0] == "device_start"]) < 5
 
 
+def test_interrupt_stops_every_wait_in_other_threads_at_once():
+    # Ctrl-C for a suite's lanes: a lane waits on its candidate's stage, not in the main thread
+    log, raised = [], []
+    pipeline = Pipeline(FakeSession(planners=2, devices=1))
+    slow = pipeline.submit(SlowEvaluation("kernel 1", log, plan_s=0.0, device_s=30))
+    queued = pipeline.submit(SlowEvaluation("kernel 2", log, plan_s=0.0, device_s=30))
+
+    def wait(job):
+        try:
+            job.profile()
+        except KeyboardInterrupt:
+            raised.append((job.evaluation.source, time.monotonic()))
+
+    waiters = [threading.Thread(target=wait, args=(job,)) for job in (slow, queued)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.3)
+    asked = time.monotonic()
+    pipeline.interrupt()
+    for waiter in waiters:
+        waiter.join(5)
+    assert sorted(source for source, _ in raised) == ["kernel 1", "kernel 2"]
+    assert max(t for _, t in raised) - asked < 1.0      # not after the 30 s device stage
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.submit(SlowEvaluation("kernel 3", log))
+    with pytest.raises(KeyboardInterrupt):
+        slow.verify()                                    # later waits too: no partial result is handed back
+
+
 # -- the pipelined loop ---------------------------------------------------------------------------------------------
 class ScriptedPolicy:
     """Proposes script[turn - 1] and records each context (with when it was asked)."""
@@ -336,6 +365,35 @@ def test_a_policy_that_waits_lets_the_attempts_in_flight_be_logged(store):
     waited = [ctx for ctx, _ in policy.contexts if ctx.turn == 3]
     assert len(waited) >= 2 and waited[0].in_flight == 2   # asked with two in flight, then again after a log
     assert len(waited[1].history) > len(waited[0].history)
+
+
+def test_an_interrupted_pipeline_stops_its_loop_with_nothing_half_done_logged(store):
+    log = []
+    pipeline = Pipeline(FakeSession(planners=2, devices=1))
+    run_id = store.create_run(target_name="fake", policy="scripted")
+    loop = Loop(store=store, run_id=run_id, policy=ScriptedPolicy(["kernel 1", "kernel 2"]),
+                evaluation=lambda source: pipeline.submit(SlowEvaluation(source, log, plan_s=0.0,
+                                                                         device_s=0.05 if source == "kernel 1" else 30)),
+                settings=LoopSettings(pipeline=1, max_attempts=2), target_name="fake", target_source="class Model: ...")
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(run_loop(loop, Path(f"{store.path}.checkpoints")))
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not any(what == "device_start" and source == "kernel 2" for what, source, *_ in log):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    pipeline.interrupt()
+    thread.join(10)
+    pipeline.close()
+    assert outcome == ["interrupted"] and store.get_run(run_id)["status"] == "stopped"
+    assert [a.source for a in store.attempts(run_id)] == ["kernel 1"]   # the one in flight is not logged
 
 
 def test_a_would_be_best_timed_beside_an_older_best_is_paired_again(store):
