@@ -371,9 +371,10 @@ def test_an_interrupted_pipeline_stops_its_loop_with_nothing_half_done_logged(st
     log = []
     pipeline = Pipeline(FakeSession(planners=2, devices=1))
     run_id = store.create_run(target_name="fake", policy="scripted")
-    loop = Loop(store=store, run_id=run_id, policy=ScriptedPolicy(["kernel 1", "kernel 2"]),
-                evaluation=lambda source: pipeline.submit(SlowEvaluation(source, log, plan_s=0.0,
-                                                                         device_s=0.05 if source == "kernel 1" else 30)),
+    def slow_second(source):
+        return pipeline.submit(SlowEvaluation(source, log, plan_s=0.0, device_s=0.05 if source == "kernel 1" else 30))
+
+    loop = Loop(store=store, run_id=run_id, policy=ScriptedPolicy(["kernel 1", "kernel 2"]), evaluation=slow_second,
                 settings=LoopSettings(pipeline=1, max_attempts=2), target_name="fake", target_source="class Model: ...")
     outcome = []
 

@@ -252,8 +252,8 @@ def _recurrent_layer_kernel(xp_ptr, h0_ptr, c0_ptr, w0_ptr, w1_ptr, b0_ptr, b1_p
                             cn_ptr + d * sfd, hn_ptr + d * snd, rows, cols, B, H, s == T - 1, sxb, h_sb, h_sk,
                             c_sb, c_sk, swr, swk, sob, sfb, snb, MODE, HAS_BIAS, IEEE, BLOCK_B, BLOCK_H, BLOCK_K)
         # The step's barrier, as a cooperative grid sync: every thread's stores before one thread's release; its
-        # acquire (which invalidates the multiprocessor's L1) and the CTA barrier order every thread's next loads
-        # after the other programs' stores.
+        # acquire and the CTA barrier order every thread's next loads after the other programs' stores (PTX's
+        # memory model: the barrier makes the release and the acquire cumulative over the CTA's threads).
         tl.debug_barrier()
         tl.atomic_add(count, 1, sem="release")
         arrived = tl.atomic_add(count, 0, sem="acquire")
@@ -374,6 +374,7 @@ def _merged_rows(t):
 def candidate_source(call: str) -> str:
     """The kernels and launcher as a candidate holds them, whatever `call` (a translated wrapper) launches (with
     kloop's GEMM: inductor_gemm.candidate_source)."""
-    functions = (_recurrent_dot.fn, _recurrent_gates.fn, _recurrent_tile.fn, _recurrent_step_kernel.fn, _recurrent_layer_kernel.fn,
-                 _recurrent, _recurrent_layers, _time_and_batch_strides, _input_projection, _merged_rows)
+    functions = (_recurrent_dot.fn, _recurrent_gates.fn, _recurrent_tile.fn, _recurrent_step_kernel.fn,
+                 _recurrent_layer_kernel.fn, _recurrent, _recurrent_layers, _time_and_batch_strides,
+                 _input_projection, _merged_rows)
     return f"MODES = {MODES!r}\n\n\n" + "\n\n".join(inspect.getsource(f) for f in functions)
