@@ -292,9 +292,9 @@ class Referee:
                                  f"further than their tolerance, twice the reference and "
                                  f"{verify.SENSITIVITY_FACTOR:g} times its move under a rounding step of the inputs "
                                  f"and weights, and twice the largest of those two among their {verify.LOCAL_BLOCK} "
-                                 f"neighbours (up to {own:.3g} tolerances off, the reference {theirs:.3g}); judged "
-                                 f"both ways, {beyond_out} of its elements are beyond the reference's noise and "
-                                 f"{beyond_ref} of the reference's beyond its")
+                                 f"neighbours (up to {own:.3g} tolerances off, the reference's draws "
+                                 f"{theirs:.3g}); judged both ways, {beyond_out} of its elements are beyond the "
+                                 f"reference's noise and {beyond_ref} of the reference's beyond its")
         if stats.get("norm_off"):
             own, theirs = verify.norm_against_float64(out, ref, exact)
             # the op's own conditioning: how far rounding the inputs moves the reference, in the same measure

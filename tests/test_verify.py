@@ -315,3 +315,32 @@ def test_where_the_reference_left_the_truths_trajectory_only_the_worst_and_the_n
     assert not verify.a_peer_of_the_reference(beyond_out, beyond_ref, own, verify.CHAOTIC / 10, exact.numel())
     # and the worst still bounds a chaotic one
     assert not verify.a_peer_of_the_reference(beyond_out, beyond_ref, 3 * theirs, theirs, exact.numel())
+
+
+def test_the_worst_is_compared_with_the_worst_of_the_references_two_draws():
+    # Near chaos (a GRU's hidden state on large inputs) one float32 draw's worst says little of another's: the
+    # reference 250 tolerances off at its worst, its rerun on inputs moved by a rounding step 400, an honest kernel
+    # 576. Against the reference alone it was refused; against the worse of its two draws it is a peer.
+    exact = torch.full((4096,), 100.0, dtype=torch.float64)
+    atol, rtol = 1e-3, 1e-4
+    tol = atol + rtol * 100.0
+
+    def off_by(tolerances: dict[int, float]) -> torch.Tensor:
+        run = exact.clone()
+        for i, k in tolerances.items():
+            run[i] += k * tol
+        return run.float()
+
+    ref, moved = off_by({5: 250, 900: 40}), off_by({5: 240, 2000: 400})
+    honest, sparse_wrong = off_by({5: 245, 3000: 576}), off_by({5: 245, 3000: 900})
+    bad, own, theirs = verify.against_float64(honest, ref, exact, atol, rtol, moved)
+    assert (bad, round(own), round(theirs)) == (1, 576, 400)   # the element at 3000 is beyond either draw's noise
+    assert verify.a_peer_of_the_reference(*verify.exchanged(honest, ref, exact, atol, rtol), own, theirs,
+                                          exact.numel())
+    _, _, theirs_alone = verify.against_float64(honest, ref, exact, atol, rtol)   # no moved draw: the reference's
+    assert round(theirs_alone) == 250 and not verify.a_peer_of_the_reference(
+        *verify.exchanged(honest, ref, exact, atol, rtol), own, theirs_alone, exact.numel())
+    # an element 900 tolerances off is beyond twice the worse draw too
+    _, own, theirs = verify.against_float64(sparse_wrong, ref, exact, atol, rtol, moved)
+    assert round(own) == 900 and not verify.a_peer_of_the_reference(
+        *verify.exchanged(sparse_wrong, ref, exact, atol, rtol), own, theirs, exact.numel())
