@@ -1,4 +1,5 @@
-"""Without a GPU, the jailed planner answers the candidate's CUDA probes as an H100 would.
+"""Without a GPU, the jailed planner answers the candidate's CUDA probes as an H100 would, or as the GPU it plans
+for (`describe`, on a GPU node, where planners get no device: sandbox/pool.py).
 
 Public Triton code checks its device before it launches (`assert x.is_cuda`, `if not x.is_cuda: return torch...`,
 `torch.cuda.is_available()`, `DEVICE = triton.runtime.driver.active.get_active_torch_device()`, grids sized from
@@ -9,15 +10,19 @@ with a bare AssertionError, or plans another path than it would on a GPU: a kern
 So, in the planner only (it runs candidate code and is untrusted anyway; nothing here is a defence): CPU tensors
 say they are `cuda:0`, a `cuda` device named for an allocation or a copy means the CPU, torch.cuda answers as one
 H100 and Triton's active driver as CUDA on it. The executor and the referee never see any of it: they replay the
-recorded plan on CPU tensors of their own.
+recorded plan on CPU tensors of their own (on a GPU node, on the GPU).
 """
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from types import SimpleNamespace
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from sandbox.process import PLAN_GPU_ENV
 
 CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
@@ -34,6 +39,27 @@ PROPERTIES = SimpleNamespace(
 # triton.runtime.driver.active.utils.get_device_properties(0) on the same card.
 TRITON_PROPERTIES = {"max_shared_mem": 232448, "max_num_regs": 65536, "multiprocessor_count": 132, "warpSize": 32,
                      "sm_clock_rate": 1_980_000, "mem_clock_rate": 2_619_000, "mem_bus_width": 5120}
+
+def describe(index: int = 0) -> str:
+    """The current process's GPU `index` as JSON for a planner without a device to answer as (trusted side)."""
+    import triton
+
+    props = torch.cuda.get_device_properties(index)
+    properties = {key: getattr(props, key, default) for key, default in vars(PROPERTIES).items()}
+    properties["uuid"] = str(properties["uuid"])
+    triton_properties = triton.runtime.driver.active.utils.get_device_properties(index)
+    return json.dumps({"properties": properties, "triton": {key: triton_properties.get(key, value)
+                                                           for key, value in TRITON_PROPERTIES.items()}})
+
+
+def _answer_as(described: str) -> None:
+    """Answer as the described GPU from now on (this module's constants rebound)."""
+    global NAME, CAPABILITY, PROPERTIES
+    gpu = json.loads(described)
+    PROPERTIES = SimpleNamespace(**gpu["properties"])
+    NAME, CAPABILITY = PROPERTIES.name, (PROPERTIES.major, PROPERTIES.minor)
+    TRITON_PROPERTIES.update(gpu["triton"])
+
 
 # Property reads reach a TorchFunctionMode as the getter's __get__; inside the mode, `t.device` is the real one.
 _GETTERS = {torch._C.TensorBase.is_cuda: lambda t: t.device.type in ("cpu", "cuda"),
@@ -120,9 +146,13 @@ class _Driver:
 
 
 def install() -> None:
-    """Answer CUDA probes as one H100 from now on, in this process (the CPU planner's)."""
+    """Answer CUDA probes as one H100 (or as $KLOOP_PLAN_GPU describes) from now on, in this process (a planner
+    without a device)."""
     from triton.runtime.driver import driver
 
+    if os.environ.get(PLAN_GPU_ENV):
+        _answer_as(os.environ[PLAN_GPU_ENV])
+        _compiled_kernels_without_a_device()
     cuda = torch.cuda
     cuda.is_available = lambda: True
     cuda.device_count = lambda: 1
@@ -137,3 +167,30 @@ def install() -> None:
     torch.version.cuda = "13.0"
     driver.set_active(_Driver())
     CudaOnCpu().__enter__()   # left on for the process's life: every later call of candidate code runs under it
+
+
+def _compiled_kernels_without_a_device() -> None:
+    """Triton's compiled kernels, which nothing here loads: `_init_handles` (Triton calls it before a launch, the
+    tutorials to read `n_regs`) checks the kernel's shared memory against the described GPU, as loading it would,
+    and takes its registers and spills from the cubin (cuobjdump)."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.errors import OutOfResources
+
+    from tools.assemble import cubin_resources
+
+    def init_handles(self) -> None:
+        if getattr(self, "kloop_described", False):
+            return
+        max_shared = TRITON_PROPERTIES["max_shared_mem"]
+        if self.metadata.shared > max_shared:
+            raise OutOfResources(self.metadata.shared, max_shared, "shared memory")
+        usage = (cubin_resources(self.kernel) or {}).get(self.name) or {}
+        self.n_regs, self.n_spills = usage.get("registers"), usage.get("local_bytes", 0) // 4
+        registers = max(8, -(-(self.n_regs or 0) // 8) * 8)   # allocated per thread in units of 8
+        self.n_max_threads = min(PROPERTIES.max_threads_per_block, TRITON_PROPERTIES["max_num_regs"] // registers
+                                 // 32 * 32)
+        if self.metadata.num_warps * self.metadata.warp_size > self.n_max_threads:
+            raise OutOfResources(self.metadata.num_warps * self.metadata.warp_size, self.n_max_threads, "threads")
+        self.kloop_described = True
+
+    CompiledKernel._init_handles = init_handles

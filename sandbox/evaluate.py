@@ -296,14 +296,12 @@ class Session:
         return self.pool.isolation.mode != "bwrap"
 
     def planning_memory(self) -> int | None:
-        """GPU memory the planners may hold at once (sandbox.pipeline.MemoryGate); None without a GPU."""
+        """Memory the planners may hold at once (sandbox.pipeline.MemoryGate); None without a GPU."""
         if not self.cuda:
             return None
-        import torch
+        from sandbox.pipeline import planners_memory
 
-        from sandbox.pipeline import PLANNER_MEMORY_SHARE
-
-        return int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE) * len(self.devices)
+        return planners_memory(len(self.devices), self.pool.deviceless)
 
     # The first device's, for callers that judge one candidate at a time.
     def executor(self) -> Child:

@@ -11,7 +11,8 @@ tools.rules.check_jit_function, rebuilt into a module of our own making), never 
 
 Commands (JSON lines in, JSON lines out on the control fd), see sandbox/evaluate.py for the caller:
     shape {shape, target_source, overrides}      the target module for one shape
-    load {key, plan_dir, shape}                  a plan's kernels and buffers; replies with kernel resources
+    load {key, plan_dir, shape}                  a plan's kernels and buffers, its autotuned sites timed and chosen;
+                                                 replies with kernel resources and the tuning
     inputs {shape, seed, family}                 fresh inputs for a shape (same seed, same bits as the referee's)
     run {key, timed, poison}                     poison the plan's allocations, run its steps (timed: cold L2, events)
     share {key, dir}                             outputs and inputs for the referee: IPC handles, or files in dir
@@ -136,6 +137,7 @@ class Loaded:
                  pristine: list[torch.Tensor]) -> None:
         self.plan, self.shape, self.kernels, self.allocs, self.state = plan, shape, kernels, allocs, state
         self.pristine = pristine
+        self.choices = [0] * len(plan.sites())   # the option each autotuned site runs (Executor._tune)
         self.outputs: list[torch.Tensor] = []
         self.shared: list[dict] | None = None   # the outputs' IPC descriptions, made once (their buffers persist)
 
@@ -144,6 +146,8 @@ class Loaded:
 # are freed before the next set is made, and described afresh each time.
 IN_PLACE_FRACTION = 1 / 64
 PTX_ASSEMBLY_BUDGET_S = 60.0   # ptxas time for one candidate's PTX, all its shapes together
+TUNE_RUNS = 3                  # timed replays per autotuned option (after one warm-up), their median compared
+TUNE_SEED = 0                  # the inputs an autotuned plan is tuned on (then the trials draw their own)
 
 
 class Executor:
@@ -191,8 +195,37 @@ class Executor:
         loaded.outputs = [view(allocs[o.ref.index].inner, o.offset, o.dtype, o.shape, o.stride)
                           for o in plan.outputs]
         self.loaded[key] = loaded
-        return {"status": "ok", "resources": [self._resources(k, plan, kernel)
-                                              for k, kernel in zip(plan.kernels, kernels)]}
+        tuned = self._tune(key)
+        if isinstance(tuned, str):
+            return {"status": "incorrect", "message": tuned}
+        reply = {"status": "ok", "resources": [self._resources(k, plan, kernel)
+                                               for k, kernel in zip(plan.kernels, kernels)]}
+        return {**reply, "tuned": tuned} if tuned else reply   # only a GPU's (unjailed) executor tunes
+
+    def _tune(self, key: str) -> list[dict] | str:
+        """Triton's autotuning, done here under the executor's clock: each autotuned site's options (one per
+        configuration) timed in a whole replay, TUNE_RUNS times after a warm-up, the others at their choice so far;
+        the fastest median is kept. Without a GPU every site keeps its first option (Triton's autotuner under the
+        interpreter: every configuration ties, the first wins). A configuration that writes outside its memory is the
+        candidate's bug, whichever is chosen: the reply's message (a str)."""
+        loaded = self.loaded[key]
+        sites = loaded.plan.sites()
+        if not sites or not self.cuda:
+            return []
+        self.inputs(loaded.shape, TUNE_SEED)
+        tuned = []
+        for site, count in enumerate(sites):
+            medians = []
+            for option in range(count):
+                loaded.choices[site] = option
+                runs = [self.run(key, timed=True) for _ in range(TUNE_RUNS + 1)]
+                overrun = next((r["overrun"] for r in runs if "overrun" in r), None)
+                if overrun:
+                    return f"autotuned configuration {option} of {count} {overrun}"
+                medians.append(sorted(r["ms"] for r in runs[1:])[TUNE_RUNS // 2])
+            loaded.choices[site] = medians.index(min(medians))
+            tuned.append({"site": site, "chosen": loaded.choices[site], "ms": medians})
+        return tuned
 
     @staticmethod
     def _state(plan: planfmt.Plan, entry: dict, device: torch.device) -> torch.Tensor:
@@ -418,7 +451,7 @@ class Executor:
         return getattr(module, k.name)
 
     def _resources(self, k: planfmt.Kernel, plan: planfmt.Plan, kernel) -> dict:
-        launches = [s for s in plan.steps if isinstance(s, planfmt.Launch) and plan.kernels[s.kernel] is k]
+        launches = [s for s in plan.launches() if plan.kernels[s.kernel] is k]
         row = {"kernel": k.name, "launches": len(launches)}
         if k.kind == "triton":
             from tools.assemble import triton_kernel_resources
@@ -463,29 +496,36 @@ class Executor:
         return 0 if p.ref is None else self._buffer(loaded, inputs, p.ref).data_ptr() + p.offset
 
     def _steps(self, loaded: Loaded, inputs: list) -> None:
-        plan = loaded.plan
-        for step in plan.steps:
-            if isinstance(step, planfmt.Fill):
-                view(self._buffer(loaded, inputs, step.ref), step.offset, step.dtype, step.shape,
-                     step.stride).fill_(step.value)
-                continue
-            kind = plan.kernels[step.kernel].kind
-            kernel = loaded.kernels[step.kernel]
-            if kind == "triton":
-                args = [self._triton_arg(loaded, inputs, a) for a in step.args]
-                if step.scratch is None:
-                    kernel[tuple(step.grid)](*args)
-                else:  # Triton's launcher asks its allocator for global scratch: it gets the plan's allocation
-                    with _scratch_from(self._buffer(loaded, inputs, step.scratch)):
-                        kernel[tuple(step.grid)](*args)
-            elif kind == "ptx":
-                from tools.launch import launch_function
-
-                launch_function(kernel, tuple(step.grid), tuple(step.block),
-                                [self._ptx_arg(loaded, inputs, a) for a in step.args], step.shared,
-                                torch.cuda.current_stream())
+        for step in loaded.plan.steps:
+            if isinstance(step, planfmt.Choose):
+                for inner in step.options[loaded.choices[step.site]]:
+                    self._step(loaded, inputs, inner)
             else:
-                kernel[tuple(step.grid)](*[self._interpreted_arg(loaded, inputs, a, kernel) for a in step.args])
+                self._step(loaded, inputs, step)
+
+    def _step(self, loaded: Loaded, inputs: list, step) -> None:
+        plan = loaded.plan
+        if isinstance(step, planfmt.Fill):
+            view(self._buffer(loaded, inputs, step.ref), step.offset, step.dtype, step.shape,
+                 step.stride).fill_(step.value)
+            return
+        kind = plan.kernels[step.kernel].kind
+        kernel = loaded.kernels[step.kernel]
+        if kind == "triton":
+            args = [self._triton_arg(loaded, inputs, a) for a in step.args]
+            if step.scratch is None:
+                kernel[tuple(step.grid)](*args)
+            else:  # Triton's launcher asks its allocator for global scratch: it gets the plan's allocation
+                with _scratch_from(self._buffer(loaded, inputs, step.scratch)):
+                    kernel[tuple(step.grid)](*args)
+        elif kind == "ptx":
+            from tools.launch import launch_function
+
+            launch_function(kernel, tuple(step.grid), tuple(step.block),
+                            [self._ptx_arg(loaded, inputs, a) for a in step.args], step.shared,
+                            torch.cuda.current_stream())
+        else:
+            kernel[tuple(step.grid)](*[self._interpreted_arg(loaded, inputs, a, kernel) for a in step.args])
 
     def _triton_arg(self, loaded, inputs, a):
         if isinstance(a, tuple):
@@ -687,8 +727,8 @@ def _constexprs_are_values(plan: planfmt.Plan, kernels: list) -> None:
     jit functions may fill those parameters; buffers may not (on a GPU Triton refuses a tensor constexpr too)."""
     from triton.runtime.interpreter import GridExecutor
 
-    for step in plan.steps:
-        if not isinstance(step, planfmt.Launch) or plan.kernels[step.kernel].kind != "interpreted":
+    for step in plan.launches():
+        if plan.kernels[step.kernel].kind != "interpreted":
             continue
         k, kernel = plan.kernels[step.kernel], kernels[step.kernel]
         constexprs = GridExecutor(kernel.fn, k.arg_names, tuple(step.grid)).constexprs

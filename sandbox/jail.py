@@ -85,11 +85,13 @@ class Limits:
     open_files: int | None = 4096       # RLIMIT_NOFILE
 
     @classmethod
-    def holding(cls, state_bytes: int) -> "Limits":
+    def holding(cls, state_bytes: int, io_bytes: int = 0) -> "Limits":
         """The defaults, with memory for a target's weights twice over: a candidate builds its model on the host
-        before moving it to the GPU (KernelBench's convention; an 8 GiB MLP exists), and may keep a second layout."""
+        before moving it to the GPU (KernelBench's convention; an 8 GiB MLP exists), and may keep a second layout.
+        io_bytes: inputs and outputs kept in host memory (a planner without a device), room for them three times
+        over (forward's own buffers beside them)."""
         base = cls()
-        return dataclasses.replace(base, memory_bytes=base.memory_bytes + 2 * state_bytes)
+        return dataclasses.replace(base, memory_bytes=base.memory_bytes + 2 * state_bytes + 3 * io_bytes)
 
 
 def detect() -> Isolation:

@@ -29,25 +29,36 @@ from __future__ import annotations
 import collections
 import heapq
 import itertools
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 STAGES = ("plan", "load", "verify", "profile")
 INTERRUPT_POLL_S = 0.2   # how often a wait looks whether the pipeline was interrupted
-PLANNER_GPU_BYTES = 1 << 30   # a planner's CUDA context and Triton's working set, besides the target's inputs
-PLANNER_MEMORY_SHARE = 0.4    # of the GPUs' memory, at most, for the planners on them
+PLANNER_GPU_BYTES = 1 << 30   # a planner's CUDA context (or Python) and Triton's working set, besides the inputs
+PLANNER_MEMORY_SHARE = 0.4    # of the memory the planners keep inputs in, at most, for them
 
 
 def planner_bytes(target) -> int:
-    """GPU memory one planner holds at full size: its context, the target's inputs and outputs (its forward makes
+    """Memory one planner holds at full size: its context, the target's inputs and outputs (its forward makes
     them) and the candidate's copy of the weights (an 8 GiB MLP exists)."""
     return PLANNER_GPU_BYTES + target.io_bytes(False) + target.state_bytes(False)
 
 
+def planners_memory(devices: int, deviceless: bool) -> int:
+    """What the planners may hold at once: PLANNER_MEMORY_SHARE of the host's memory where they plan without a
+    device (sandbox/pool.py), else of the GPUs'."""
+    if deviceless:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * PLANNER_MEMORY_SHARE)
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE) * devices
+
+
 class MemoryGate:
-    """Bytes of GPU memory the planners may hold at once (planner_bytes each): at KernelBench's full sizes (12 GB of
-    inputs for a ReLU) a dozen planners at once would run the GPU out of memory beside the executor and referee. Each
+    """Bytes of memory the planners may hold at once (planner_bytes each): at KernelBench's full sizes (12 GB of
+    inputs for a ReLU) a dozen planners at once would run the host or the GPU out of memory. Each
     plan takes its share before it starts (at most the whole budget, so one always runs) and gives it back when it is
     done."""
 

@@ -82,21 +82,20 @@ def spares(settings: dict) -> int:
 
 def planners_for(settings: dict, devices: int, target=None) -> int:
     """Candidates planned at once: settings["planners"], else the CPU cores left beside each device's two trusted
-    processes and this one, at most what a PLANNER_MEMORY_SHARE of the GPUs' memory holds (each planner has a CUDA
-    context and the target's inputs on its GPU). A CPU-only machine: one (its device stage needs a core too)."""
+    processes and this one, at most what a PLANNER_MEMORY_SHARE of the memory they keep the target's inputs in
+    holds (the host's; the GPUs' where planners have a device). A CPU-only machine: one (its device stage needs a
+    core too)."""
     if settings.get("planners"):
         return int(settings["planners"])
     if not has_gpu():
         return 1
-    import torch
+    from sandbox.pipeline import PLANNER_GPU_BYTES, planner_bytes, planners_memory
+    from sandbox.pool import deviceless_default
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     by_cores = max(1, min(16 * devices, cores - 2 * devices - 1))
-    from sandbox.pipeline import PLANNER_GPU_BYTES, PLANNER_MEMORY_SHARE, planner_bytes
-
     per_planner = planner_bytes(target) if target is not None else PLANNER_GPU_BYTES
-    per_gpu = int(torch.cuda.get_device_properties(0).total_memory * PLANNER_MEMORY_SHARE // per_planner)
-    return max(1, min(by_cores, per_gpu * devices))
+    return max(1, min(by_cores, planners_memory(devices, deviceless_default()) // per_planner))
 
 
 def _eval_settings(settings: dict):

@@ -25,7 +25,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-VERSION = 2                      # 2: state travels in parts (a list of blobs), each under the jail's file limit
+VERSION = 3                      # 2: state in parts (a list of blobs); 3: choose steps (autotuned launches)
 PLAN_FILE = "plan.json"
 MAX_PLAN_JSON = 32 << 20         # the JSON itself (sources, PTX, metadata); blobs are separate files
 MAX_BLOBS_BYTES = 64 << 30       # cubins and state snapshots together (KernelBench's widest MLP holds 8 GiB)
@@ -34,6 +34,7 @@ STATE_PART_BYTES = 1 << 30       # a state snapshot's part, at most (and at most
 # level 3's bidirectional 6-layer LSTM and GRUs over 512 steps: about 6200); the JSON bound caps a plan's size too
 MAX_STEPS = 32768
 MAX_KERNELS = 256
+MAX_OPTIONS = 64                 # configurations of one autotuned launch (a choose step's options)
 MAX_BUFFERS = 4096
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
           "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")
@@ -144,6 +145,15 @@ class Launch:
 
 
 @dataclass
+class Choose:
+    """An autotuned launch: one option (its steps: fills and launches) per configuration the autotuner would have
+    timed. Every choose step of one `site` (one autotuner at one key) runs the same option; the trusted executor
+    times the options and picks (sandbox/executor.py), so no candidate code times anything on a GPU."""
+    site: int
+    options: list[list]        # each a list of Fill and Launch
+
+
+@dataclass
 class InputSpec:
     dtype: str | None = None   # None: a Python scalar input
     shape: list[int] = field(default_factory=list)
@@ -181,8 +191,21 @@ class Plan:
     def blob_path(self, name: str) -> Path:
         return self.directory / name
 
+    def flat_steps(self) -> list:
+        """Every Fill and Launch, those of every choose step's options included."""
+        return [inner for s in self.steps
+                for inner in ([x for option in s.options for x in option] if isinstance(s, Choose) else [s])]
+
     def launches(self) -> list[Launch]:
-        return [s for s in self.steps if isinstance(s, Launch)]
+        return [s for s in self.flat_steps() if isinstance(s, Launch)]
+
+    def sites(self) -> list[int]:
+        """Options per autotuned site, by site index."""
+        counts: dict[int, int] = {}
+        for s in self.steps:
+            if isinstance(s, Choose):
+                counts[s.site] = len(s.options)
+        return [counts[i] for i in range(len(counts))]
 
 
 # -- writing (the planner side) ---------------------------------------------------------------------------------------
@@ -352,7 +375,10 @@ class _PlanReader:
         plan = Plan(inputs=inputs, allocs=allocs, state=state, kernels=kernels, steps=[], outputs=[],
                     directory=self.directory)
         self.current = plan
-        plan.steps = [self.step(x) for x in _list(d.get("steps"), "steps", MAX_STEPS)]
+        self.steps_read, self.site_options = 0, {}
+        plan.steps = [self.step(x, outer=True) for x in _list(d.get("steps"), "steps", MAX_STEPS)]
+        if sorted(self.site_options) != list(range(len(self.site_options))):
+            raise PlanError("choose steps' sites must be numbered 0, 1, ... in the plan")
         plan.outputs = [self.output(x) for x in _list(d.get("outputs"), "outputs", 64)]
         if not plan.outputs:
             raise PlanError("forward returned no tensor")
@@ -546,9 +572,16 @@ class _PlanReader:
                             f"which holds {self.current.nbytes(base.ref)}: its shape and strides go past the buffer")
         return Descriptor(Pointer(base.ref, base.offset, dtype), shape, strides, block, padding)
 
-    def step(self, raw):
+    def step(self, raw, outer: bool = False):
         d = _obj(raw, "step")
         op = d.get("op")
+        self.steps_read += 1
+        if self.steps_read > MAX_STEPS:
+            raise PlanError(f"the plan has more than {MAX_STEPS} steps, its choose steps' options included")
+        if op == "choose":
+            if not outer:
+                raise PlanError("a choose step's option holds another choose step")
+            return self.choose(d)
         if op == "fill":
             ref = self.ref(d.get("ref"))
             if ref.kind == "input":
@@ -582,6 +615,16 @@ class _PlanReader:
                 launch.shared = _int(d.get("shared", 0), "dynamic shared memory", 0, 227 * 1024)
             return launch
         raise PlanError(f"unknown step {op!r}")
+
+    def choose(self, d: dict) -> Choose:
+        site = _int(d.get("site"), "choose site", 0, MAX_KERNELS - 1)
+        options = [[self.step(x) for x in _list(option, "option", MAX_STEPS)]
+                   for option in _list(d.get("options"), "options", MAX_OPTIONS)]
+        if len(options) < 2 or not all(any(isinstance(x, Launch) for x in option) for option in options):
+            raise PlanError("a choose step has two or more options, each launching a kernel")
+        if self.site_options.setdefault(site, len(options)) != len(options):
+            raise PlanError(f"choose steps of site {site} offer different numbers of options")
+        return Choose(site, options)
 
     def triton_args(self, k: Kernel, raw_args: list) -> list:
         """A Triton launch's arguments, each checked against its type in the kernel's signature."""

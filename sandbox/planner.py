@@ -12,6 +12,7 @@ the trusted side believes neither, it loads the plan as hostile data and judges 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -51,7 +52,8 @@ class Planner:
         _mark_compiling(self)
         if DEVICE.type == "cpu":  # the candidate plans as it would on a GPU (sandbox/cuda_probes.py)
             cuda_probes.install()
-            libdevice_cpu.interpreter_compat()
+            if os.environ.get("TRITON_INTERPRET") == "1":  # else compiled for the GPU it plans for, not run
+                libdevice_cpu.interpreter_compat()
         spec = importlib.util.spec_from_file_location("candidate", candidate)
         module = importlib.util.module_from_spec(spec)
         sys.modules["candidate"] = module
@@ -185,7 +187,7 @@ def _said(e: BaseException) -> str:
         if frames:
             what = f"`{frames[-1].line}`" if frames[-1].line else "an assert"
             message = f"AssertionError: {what} failed (candidate line {frames[-1].lineno})"
-    if DEVICE.type == "cpu" and any(word in str(e) for word in GPU_ONLY):
+    if os.environ.get("TRITON_INTERPRET") == "1" and any(word in str(e) for word in GPU_ONLY):
         message += " (planned under Triton's CPU interpreter, which cannot run this: it needs a GPU)"
     return message
 

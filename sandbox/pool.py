@@ -3,7 +3,9 @@
 A process takes seconds to start (torch, triton, a CUDA context); an evaluation takes one as its planner and,
 without a GPU, one as its interpreter executor, so `spares` are kept started while the current ones work.
 
-GPUs. With several GPUs, each new process is given the next GPU in turn (its CUDA context, the inputs it plans on
+GPUs. By default a process gets no GPU at all: it compiles for the node's GPU kind without one and records
+plans on host memory (`deviceless`; Triton's autotuning is left to the trusted executor). Otherwise, with
+several GPUs, each new process is given the next GPU in turn (its CUDA context, the inputs it plans on
 and Triton's autotuning live there). Once a process is handed a role (it will run candidate code), it is listed in
 a node-wide registry (a file per process under scratch_root()/kloop-gpu-users/<GPU UUID>/), and `quiet(uuid)` stops
 every listed process of that GPU, this session's or another's on the same node (a Ray planner task beside a Ray
@@ -29,14 +31,30 @@ PLANNER_STATUSES = ("ok", "compile_error", "runtime_error", "rejected", "incorre
 EXECUTOR_STATUSES = ("ok", "compile_error", "runtime_error", "rejected", "not_run")
 NICENESS = 10  # jailed processes yield the CPU to the trusted ones, whose host launch path is inside a timing
 REGISTRY = "kloop-gpu-users"
+DEVICELESS_ENV = "KLOOP_DEVICELESS_PLANNERS"
+
+
+def deviceless_default() -> bool:
+    """Whether planners on a GPU node get no device ($KLOOP_DEVICELESS_PLANNERS, on unless "0")."""
+    return os.environ.get(DEVICELESS_ENV, "1") != "0"
 
 
 class WarmPool:
     def __init__(self, spares: int = 1, cuda: bool = False, limits: jail.Limits | None = None,
-                 gpus: list[str] | None = None, cpus: frozenset[int] | None = None) -> None:
+                 gpus: list[str] | None = None, cpus: frozenset[int] | None = None,
+                 deviceless: bool | None = None) -> None:
         """gpus: CUDA_VISIBLE_DEVICES entries to spread the processes over (None: the caller's own devices); cpus:
-        the CPUs they run on (sandbox.cores: not the trusted processes'; None: the caller's)."""
+        the CPUs they run on (sandbox.cores: not the trusted processes'; None: the caller's); deviceless (with
+        cuda): processes get no device and compile for this process's first GPU, answering CUDA probes as it
+        (sandbox/cuda_probes.py), so no candidate code makes a CUDA context or runs anything on a GPU; None:
+        $KLOOP_DEVICELESS_PLANNERS, on unless "0"."""
         self.spares, self.cuda, self.limits, self.cpus = spares, cuda, limits, cpus
+        self.deviceless = cuda and (deviceless_default() if deviceless is None else deviceless)
+        self._described = None
+        if self.deviceless:  # every GPU of a node is taken to be of one kind
+            from sandbox.cuda_probes import describe
+
+            self._described = describe(0)
         self._idle: list[Child] = []
         self._lock = threading.Lock()  # planners acquire from their own threads
         self._gpus = itertools.cycle(gpus or [None])
@@ -44,6 +62,12 @@ class WarmPool:
         self.isolation = jail.detect()
 
     def _start(self, limits: jail.Limits | None = None) -> Child:
+        if self.deviceless:  # no GPU to list it under: timings never stop it, as it cannot reach one
+            child = Child("sandbox.warm", cuda=False, jailed=True, limits=limits or self.limits,
+                          statuses=tuple(set(PLANNER_STATUSES) | set(EXECUTOR_STATUSES)), niceness=NICENESS,
+                          cpus=self.cpus, plan_for=self._described)
+            child.gpu_uuid = None
+            return child
         visible = next(self._gpus)
         child = Child("sandbox.warm", cuda=self.cuda, jailed=True, limits=limits or self.limits,
                       statuses=tuple(set(PLANNER_STATUSES) | set(EXECUTOR_STATUSES)), visible=visible,

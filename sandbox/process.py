@@ -27,6 +27,7 @@ from sandbox import cores, jail
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MAX_REPLY = 1 << 20
 OUTPUT_LIMIT = 64 * 1024  # bytes of a child's stdout/stderr kept
+PLAN_GPU_ENV = "KLOOP_PLAN_GPU"  # the GPU a child without a device plans for (sandbox/cuda_probes.py)
 ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH",
                  "LD_LIBRARY_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "TRITON_INTERPRET",
                  "TRITON_PTXAS_PATH", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
@@ -135,8 +136,11 @@ class Child:
 
     def __init__(self, module: str, *, cuda: bool, jailed: bool, statuses: tuple[str, ...],
                  workdir: Path | None = None, env: dict | None = None, limits: jail.Limits | None = None,
-                 visible: str | None = None, niceness: int = 0, cpus: frozenset[int] | None = None) -> None:
+                 visible: str | None = None, niceness: int = 0, cpus: frozenset[int] | None = None,
+                 plan_for: str | None = None) -> None:
         """visible: the CUDA_VISIBLE_DEVICES entry of the one GPU the child may use (None: the caller's);
+        plan_for: a GPU described by sandbox/cuda_probes.describe, which the child (then given no device) compiles
+        Triton for, answering CUDA probes as it;
         niceness: started under `nice -n` (jailed planners yield the CPU to the trusted processes that time);
         cpus: the CPUs it and everything it starts run on (sandbox.cores; None: the caller's)."""
         self.statuses = set(statuses) | {"ready"}
@@ -153,10 +157,12 @@ class Child:
             argv = [shutil.which("nice") or "nice", "-n", str(niceness), *argv]
         argv = [*cores.command(cpus), *argv]
         if env is None:
-            env = clean_env(self.workdir, cuda)
+            env = clean_env(self.workdir, cuda or plan_for is not None)
             if jailed:  # RLIMIT_NPROC counts the threads of every jail together: no thread pool per core
                 env.setdefault("OMP_NUM_THREADS", "1")
-        if visible is not None:
+        if plan_for is not None:
+            env = {**env, "CUDA_VISIBLE_DEVICES": "", PLAN_GPU_ENV: plan_for}
+        elif visible is not None:
             env = {**env, "CUDA_VISIBLE_DEVICES": visible}
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = jail.spawn(argv, stdin=subprocess.PIPE, stdout=out, stderr=err, pass_fds=(write_fd,),

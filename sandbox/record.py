@@ -128,6 +128,7 @@ class Recorder(TorchDispatchMode):
         self.host_reads: list[str] = []
         self.input_writes: list[str] = []
         self.autotuned = False
+        self.sites: dict[tuple, int] = {}   # (autotuner, key) -> its choose steps' site
         self.quiet = False  # set while the recorder's own bookkeeping runs torch ops
 
     @classmethod
@@ -184,6 +185,9 @@ class Recorder(TorchDispatchMode):
             return
         self.steps.append({"op": "fill", "ref": list(ref.key()), "offset": offset, "dtype": _dtype_name(t.dtype),
                            "shape": list(t.shape), "stride": list(t.stride()), "value": value})
+
+    def site(self, key: tuple) -> int:
+        return self.sites.setdefault(key, len(self.sites))
 
     # -- launches -------------------------------------------------------------------------------------------------
     def _kernel(self, key, make) -> int:
@@ -384,7 +388,7 @@ class Recorder(TorchDispatchMode):
                                 + " (only allocation, views and zero-fill are allowed; the kernels do the work)")
         if self.input_writes:
             return "incorrect", self.input_writes[0]
-        if not any(s["op"] == "launch" for s in self.steps):
+        if not any(s["op"] in ("launch", "choose") for s in self.steps):
             return "rejected", ("no kernel of the candidate's was launched in forward (its own Triton or PTX kernels "
                                 "must do the work)")
         return None
@@ -407,7 +411,8 @@ HOOKS = _Hooks()
 
 def install() -> None:
     """Route every kernel launch through the recorder: while recording, launches are captured and not run; outside
-    recording (the warm-up call that compiles), they are not run either, except the ones Triton's autotuner times."""
+    recording (the warm-up call that compiles), they are not run either. A planner without a device records every
+    configuration of an autotuned launch (_every_configuration); one with a GPU lets Triton's autotuner time them."""
     from triton.compiler import compiler
     from triton.runtime import autotuner, interpreter
 
@@ -416,12 +421,12 @@ def install() -> None:
     run_property = compiler.CompiledKernel.run
 
     def launcher(kernel):
-        real = run_property.fget(kernel)
-
         def run(grid_0, grid_1, grid_2, stream, function, packed_metadata, launch_metadata, enter, exit_, *args):
             if HOOKS.autotuner_timing:
-                return real(grid_0, grid_1, grid_2, stream, function, packed_metadata, launch_metadata, enter,
-                            exit_, *args)
+                return run_property.fget(kernel)(grid_0, grid_1, grid_2, stream, function, packed_metadata,
+                                                 launch_metadata, enter, exit_, *args)
+            if DEVICE.type == "cpu":  # compiled without a device (sandbox/cuda_probes.py): what loading would check
+                kernel._init_handles()
             if HOOKS.recorder is not None:
                 HOOKS.recorder.triton_launch(kernel, (grid_0, grid_1, grid_2), args)
         return run
@@ -438,26 +443,77 @@ def install() -> None:
 
     interpreter.InterpretedFunction.run = run_interpreted
 
-    time_config = autotuner.Autotuner._bench
+    if DEVICE.type == "cpu":  # no device to time on: every configuration is recorded, the executor chooses
+        autotuner.Autotuner.run = _every_configuration(autotuner.Autotuner.run)
+    else:
+        time_config = autotuner.Autotuner._bench
 
-    def timed_config(self, *args, **kwargs):
-        if HOOKS.recorder is not None:
-            HOOKS.recorder.autotuned = True
-        if DEVICE.type == "cpu":  # the interpreter has nothing to time with: every config ties, first wins
-            return [1.0, 1.0, 1.0]
-        saved, HOOKS.autotuner_timing = HOOKS.autotuner_timing, True
-        try:
-            return time_config(self, *args, **kwargs)
-        finally:
-            HOOKS.autotuner_timing = saved
+        def timed_config(self, *args, **kwargs):
+            if HOOKS.recorder is not None:
+                HOOKS.recorder.autotuned = True
+            saved, HOOKS.autotuner_timing = HOOKS.autotuner_timing, True
+            try:
+                return time_config(self, *args, **kwargs)
+            finally:
+                HOOKS.autotuner_timing = saved
 
-    autotuner.Autotuner._bench = timed_config
+        autotuner.Autotuner._bench = timed_config
 
     def ptx_launch(kernel, grid, block, args, shared_mem: int = 0) -> None:
         if HOOKS.recorder is not None:  # recorded even without a GPU: the trusted side assembles and reports it
             HOOKS.recorder.ptx_launch(kernel, grid, block, args, shared_mem)
 
     launch.PtxKernel.launch = ptx_launch
+
+
+def _config_failures() -> tuple:
+    """The errors for which Triton's autotuner drops a configuration rather than fail."""
+    from triton.compiler import errors as compile_errors
+    from triton.runtime import errors as runtime_errors
+
+    return tuple(e for e in (getattr(runtime_errors, "OutOfResources", None),
+                             getattr(compile_errors, "CompileTimeAssertionFailure", None),
+                             getattr(runtime_errors, "PTXASError", None)) if e is not None)
+
+
+def _every_configuration(run):
+    """Autotuner.run for a planner without a device: every configuration left after pruning is compiled and, while
+    recording, launched into an option of one choose step (sandbox/plan.py), its pre-hook's fills included; the
+    trusted executor times the options and picks. Launches of one autotuner at one key share their choice, as the
+    autotuner's cache would make them. Configurations that fail to compile are dropped, as the autotuner drops them."""
+    def every_configuration(self, *args, **kwargs):
+        if len(self.configs) <= 1:
+            return run(self, *args, **kwargs)
+        self.nargs = dict(zip(self.arg_names, args))
+        named = {k: v for k, v in {**self.nargs, **kwargs}.items() if k in self.arg_names}
+        key = tuple([named[k] for k in self.keys if k in named] +
+                    [str(v.dtype) for v in named.values() if hasattr(v, "dtype")])
+        recorder, options, failure = HOOKS.recorder, [], None
+        outer = recorder.steps if recorder is not None else None
+        for config in self.prune_configs(kwargs):
+            if recorder is not None:
+                recorder.steps = []
+            try:
+                self.best_config = config
+                if config.pre_hook is not None:
+                    config.pre_hook({**self.nargs, **kwargs, **config.all_kwargs()})
+                self.fn.run(*args, **kwargs, **config.all_kwargs())
+                options.append(recorder.steps if recorder is not None else [])
+            except _config_failures() as e:
+                failure = e
+            finally:
+                if recorder is not None:
+                    recorder.steps = outer
+        self.nargs = None
+        if not options:
+            raise failure
+        if recorder is not None:
+            if len(options) == 1:
+                outer.extend(options[0])
+            else:
+                outer.append({"op": "choose", "site": recorder.site((id(self), key)), "options": options})
+
+    return every_configuration
 
 
 @contextlib.contextmanager

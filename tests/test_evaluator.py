@@ -878,3 +878,22 @@ def test_lanes_in_one_process_never_see_each_others_random_draws():
         stop.set()
         other.join()
         sys.setswitchinterval(interval)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_executor_times_autotuned_configurations_and_runs_the_fastest(tiny, session):
+    r = judge(tiny, "honest_autotune_slow_first", session)
+    assert r.verdict == "correct", r.reasons
+    tuned, = [f for f in r.flags if f.startswith("autotuned:")]
+    slow, fast = (float(ms) for ms in tuned.split("medians ")[1].removesuffix(" ms)").split(", "))
+    assert tuned.startswith("autotuned: site 0 ran option 1 of 2") and slow > 1.5 * fast, tuned
+    assert r.time_us.median < 1e3 * slow, (r.time_us.median, tuned)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_planners_reach_no_device_and_make_no_context(session):
+    r = judge(load_target(str(TARGETS / "tiny_add_reports_devices.py")), "honest_add", session)
+    assert r.verdict == "correct", r.reasons
+    assert "context=False" in r.stdout, r.stdout
+    if session.pool.isolation.mode == "bwrap":  # the other modes show the host's /dev (CUDA_VISIBLE_DEVICES is "")
+        assert "devices: nvidiactl=False" in r.stdout, r.stdout

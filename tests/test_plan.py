@@ -289,3 +289,87 @@ def test_a_plans_files_are_copied_and_read_whole_and_only_as_regular_files_withi
     os.mkfifo(planner / "state-0-2.bin")    # would block a reader that waits for a writer
     with pytest.raises(PlanError, match="not a regular file"):
         planfmt.copy_plan(planner, tmp_path / "again")
+
+
+def _choose_plan(tmp_path, steps):
+    """_plan's kernel with `steps` (choose steps among them) instead of its one launch."""
+    path = _plan(tmp_path, [_desc(), OUT, BLOCK])
+    plan = json.loads(path.read_text())
+    plan["steps"] = steps
+    path.write_text(json.dumps(plan))
+    return path
+
+
+LAUNCH = {"op": "launch", "kernel": 0, "grid": [4, 1, 1], "args": [_desc(), OUT, BLOCK]}
+FILL = {"op": "fill", "ref": ["alloc", 0], "offset": 0, "dtype": "bfloat16", "shape": [ROWS, COLS],
+        "stride": [COLS, 1], "value": 0}
+
+
+def test_an_autotuned_launch_is_a_choose_step_whose_options_are_checked_as_steps(tmp_path):
+    steps = [{"op": "choose", "site": 0, "options": [[FILL, LAUNCH], [{**LAUNCH, "grid": [8, 1, 1]}]]},
+             {"op": "choose", "site": 0, "options": [[LAUNCH], [LAUNCH]]},
+             {"op": "choose", "site": 1, "options": [[LAUNCH], [LAUNCH], [LAUNCH]]}]
+    plan = load_plan(_choose_plan(tmp_path, steps))
+    assert plan.sites() == [2, 3]
+    assert [s.grid[0] for s in plan.launches()] == [4, 8, 4, 4, 4, 4, 4]   # every option's launches
+    assert len(plan.flat_steps()) == 8
+
+
+@pytest.mark.parametrize("steps, why", [
+    ([{"op": "choose", "site": 0, "options": [[LAUNCH]]}], "two or more options, each launching a kernel"),
+    ([{"op": "choose", "site": 0, "options": [[LAUNCH], [FILL]]}], "two or more options, each launching a kernel"),
+    ([{"op": "choose", "site": 0, "options": [[LAUNCH], [LAUNCH]]},
+      {"op": "choose", "site": 0, "options": [[LAUNCH], [LAUNCH], [LAUNCH]]}], "site 0 offer different numbers"),
+    ([{"op": "choose", "site": 1, "options": [[LAUNCH], [LAUNCH]]}], "numbered 0, 1, ..."),
+    ([{"op": "choose", "site": 0, "options": [[{"op": "choose", "site": 0, "options": [[LAUNCH], [LAUNCH]]}],
+                                              [LAUNCH]]}], "holds another choose step"),
+    ([{"op": "choose", "site": 0, "options": [[{**LAUNCH, "grid": [0, 1, 1]}], [LAUNCH]]}], "outside the GPU's"),
+    ([{"op": "choose", "site": 0, "options": [[LAUNCH]] * 65}], "options has more than 64"),
+])
+def test_a_malformed_choose_step_is_refused(tmp_path, steps, why):
+    with pytest.raises(PlanError, match=why.replace("(", r"\(").replace(".", r"\.")):
+        load_plan(_choose_plan(tmp_path, steps))
+
+
+def test_the_steps_inside_choose_steps_count_toward_the_plans_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr("sandbox.plan.MAX_STEPS", 5)
+    with pytest.raises(PlanError, match="more than 5 steps"):
+        load_plan(_choose_plan(tmp_path, [{"op": "choose", "site": 0, "options": [[LAUNCH] * 3, [LAUNCH] * 3]}]))
+
+
+def test_a_planner_without_a_device_compiles_for_its_gpu_and_records_every_configuration(tmp_path):
+    # A GPU node's planner (sandbox/pool.py, deviceless): no device, no interpreter; Triton compiles for the GPU
+    # described in KLOOP_PLAN_GPU (ptxas needs none), and the autotuner's configurations become one choose step.
+    script = """
+import json, sys
+from pathlib import Path
+from sandbox.planner import Planner
+from sandbox.plan import load_plan
+
+replies = []
+planner = Planner(type("Reply", (), {"write": lambda self, line: replies.append(line)})())
+print(planner.load(Path(sys.argv[2]).read_text(), sys.argv[1], 7)["status"], planner.build(0, {}, 11)["status"],
+      planner.record(sys.argv[3], 3)["status"])
+import torch
+print(torch.cuda.get_device_properties(0).name, torch.cuda.is_available())
+plan = load_plan(Path(sys.argv[3]) / "plan.json")
+choose, = plan.steps
+print(plan.sites(), [k.kind for k in plan.kernels], [k.metadata["target"]["arch"] for k in plan.kernels])
+print([o[0].grid[0] for o in choose.options], [o[0].args[-1].value for o in choose.options])
+print(all((Path(sys.argv[3]) / k.blob).read_bytes()[:4] == b"\\x7fELF" for k in plan.kernels))
+"""
+    from sandbox.cuda_probes import PROPERTIES, TRITON_PROPERTIES
+
+    gpu = json.dumps({"properties": {**vars(PROPERTIES), "name": "NVIDIA H200"}, "triton": TRITON_PROPERTIES})
+    (tmp_path / "plan_one.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    candidate, target = REPO / "tests/candidates/honest_autotune.py", REPO / "tests/targets/tiny_add.py"
+    done = subprocess.run([sys.executable, str(tmp_path / "plan_one.py"), str(candidate), str(target),
+                           str(tmp_path / "plan")], capture_output=True,
+                          text=True, cwd=REPO, timeout=300,
+                          env={**env, "KLOOP_PLAN_GPU": gpu, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO),
+                               "TRITON_DEFAULT_FP_FUSION": "1"})
+    n = 1000   # tiny_add's size: BLOCK 128 and 256 give grids of 8 and 4 programs
+    assert done.stdout.split("\n")[-6:] == ["ok ok ok", "NVIDIA H200 True", "[2] ['triton', 'triton'] [90, 90]",
+                                            f"[{-(-n // 128)}, {-(-n // 256)}] [128, 256]", "True", ""], \
+        done.stdout + done.stderr[-3000:]

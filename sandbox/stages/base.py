@@ -65,10 +65,13 @@ class Stage:
         candidates of a session see the same inputs (a kernel cannot remember outputs across evaluations)."""
         return derive_seed(self.settings.seed, self.salt, *parts)
 
-    def _jail_limits(self) -> jail.Limits | None:
-        """Room for the target's weights where they are large (None: the warm spares' defaults suffice)."""
+    def _jail_limits(self, planner: bool = False) -> jail.Limits | None:
+        """Room for the target's weights where they are large, and for its inputs and outputs where a planner keeps
+        them in host memory (one without a device), in a jailed planner or executor (None: the warm spares'
+        defaults suffice)."""
         state = self.target.state_bytes(small=not self.session.cuda)
-        return jail.Limits.holding(state) if state > LARGE_STATE_BYTES else None
+        io = self.target.io_bytes(small=False) if planner and self.session.pool.deviceless else 0
+        return jail.Limits.holding(state, io) if max(state, io) > LARGE_STATE_BYTES else None
 
     def bind(self, device: Device) -> None:
         """This evaluation's device phase runs on `device` (held until release_device)."""

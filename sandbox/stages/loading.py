@@ -53,6 +53,9 @@ class Loading(Stage):
             plan = load_plan(self.plans_dir / str(i) / "plan.json")
             if i == 0:
                 self._take_resources(reply.get("resources") or [], plan)
+                self.result.flags += [f"autotuned: site {t['site']} ran option {t['chosen']} of {len(t['ms'])} "
+                                      f"(medians {', '.join(f'{ms:.3f}' for ms in t['ms'])} ms)"
+                                      for t in reply.get("tuned") or []]
                 self.io_bytes = sum(x.nbytes for x in plan.inputs if x.dtype is not None) + \
                     sum(ITEMSIZE[o.dtype] * math.prod(o.shape) for o in plan.outputs)
             self.output_meta.append([{"dtype": o.dtype, "shape": o.shape} for o in plan.outputs])

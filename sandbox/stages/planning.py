@@ -54,7 +54,7 @@ class Planning(Stage):
             return self._finish("rejected", *broken)
         self._waited("rules", began)
         began = time.perf_counter()
-        self.planner = self.session.pool.acquire("planner", limits=self._jail_limits())
+        self.planner = self.session.pool.acquire("planner", limits=self._jail_limits(planner=True))
         self._waited("planner:acquire", began)
         if self.abandoned:
             return self._close_planner()
