@@ -231,9 +231,59 @@ def test_a_chaotic_recurrence_credits_an_honest_float32_order_and_not_coarser_op
     referee = Referee()
     referee.shape("main", (HERE / "targets" / "kb_gru_long.py").read_text(), {}, 1234)
     honest = _referee_check(referee, "large", 11, _gru_steps, tmp_path)
-    assert honest["reasons"] == [], honest["reasons"]
+    assert honest["reasons"] == [] and honest["stats"]["chaotic"], honest   # so the checks draw large inputs again
     coarse = _referee_check(referee, "large", 11, lambda gru, x, h0: _gru_steps(gru, x, h0, tf32), tmp_path)
     assert "coarser arithmetic than the target's" in coarse["reasons"][0], coarse["reasons"]
     monkeypatch.setattr(verify, "CHAOTIC", float("inf"))
     before = _referee_check(referee, "large", 11, _gru_steps, tmp_path)
     assert "judged both ways" in before["reasons"][0], before["reasons"]
+
+
+class _ScriptedChecks:
+    """sandbox.stages.checks.Checks with its replays scripted: every trial passes, and the first `chaotic_draws`
+    trials of the large family pass only as a chaotic op's peer (the referee's stats say `chaotic`); `wrong_at`: the
+    trial number (from 1) whose check finds a reason."""
+
+    @staticmethod
+    def run(chaotic_draws: int, wrong_at: int | None = None):
+        from types import SimpleNamespace
+
+        from sandbox.stages.checks import Checks
+        from tools.result import EvalResult
+
+        class Scripted(Checks):
+            def _families(self):
+                return ["large", "signed"]
+
+            def _replay_and_check(self, i, seed, stats, timed, family, poison):
+                self.seen.append((family, seed))
+                chaotic = family == "large" and self.chaotic_left > 0
+                self.chaotic_left -= chaotic
+                self._last_check = {"stats": {"chaotic": chaotic}, "fingerprint": [len(self.seen)]}
+                self._last_run = {"ms": 1.0}
+                return ["output 0: 3 elements off"] if len(self.seen) == wrong_at else []
+
+        checks = Scripted.__new__(Scripted)
+        checks.shapes, checks.weights_index, checks.salt = [{}], None, 0
+        checks.settings = SimpleNamespace(trials=1, variant_trials=1, seed=5, prune_slower_than=0)
+        checks.session, checks.result = SimpleNamespace(cuda=False), EvalResult()
+        checks.seen, checks.chaotic_left = [], chaotic_draws
+        checks._verify()
+        return checks
+
+
+def test_a_family_passed_only_as_a_chaotic_peer_is_drawn_again_until_its_counts_are_judged():
+    from sandbox.stages.checks import CHAOTIC_REDRAWS
+
+    once = _ScriptedChecks.run(chaotic_draws=1)
+    assert [f for f, _ in once.seen] == ["own", "large", "large", "signed"]
+    assert len({seed for _, seed in once.seen}) == 4   # every draw its own inputs
+    assert once.result.verdict == "correct" and once.result.correctness.families == ["large", "signed"]
+    assert once.result.flags == ["chaotic: the main shape's large inputs drawn again (1)"]
+    always = _ScriptedChecks.run(chaotic_draws=100)   # chaotic on every draw: the op is, there; drawn a bounded number
+    assert [f for f, _ in always.seen] == ["own"] + ["large"] * (1 + CHAOTIC_REDRAWS) + ["signed"]
+    assert always.result.verdict == "correct"
+    # a kernel wrong in a few places passes the chaotic draw and is caught on the next one, where the counts judge
+    caught = _ScriptedChecks.run(chaotic_draws=1, wrong_at=3)
+    assert caught.result.verdict == "incorrect" and caught.result.reasons == [
+        "main shape, trial 3 (large inputs): output 0: 3 elements off"]

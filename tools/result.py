@@ -17,7 +17,8 @@ VERDICTS = ("correct", "incorrect", "compile_error", "runtime_error", "timeout",
 # The version of the evaluator's checks (what `correct` means). A verdict records the version that gave it; `kloop
 # reverify` re-judges logged kernels under today's and reports every flip. 5: the peer rule's worst against the worst
 # of the reference's two float32 draws, itself and the moved one (an honest GRU of 512 steps was refused on a timed
-# call, 576 tolerances off where the reference was 257; an H200, 2026-11-28); 4: a reference itself verify.CHAOTIC
+# call, 576 tolerances off where the reference was 257; an H200, 2026-11-28), and a trial passed only as a chaotic
+# op's peer drawn again, up to 3 times, until the counts judge one; 4: a reference itself verify.CHAOTIC
 # tolerances off the float64 truth waives the peer rule's counts (an honest float32 GRU of 512 steps was refused on
 # 1 of 50 large-input checks under 3; 2026-11-28); 3: the float64 judgement's neighbours,
 # the weights in the moved reference, an output as the reference's peer (tools/verify.py; level 2's honest 3, 11, 17

@@ -454,8 +454,13 @@ def a_peer_of_the_reference(beyond_out: int, beyond_ref: int, own: float, theirs
     sizes of two draws' diverged regions, and only the worst distance (and the norm rule) compare."""
     if own > WORST_FACTOR * theirs:
         return False
-    slack = max(EXCHANGE_MIN_SLACK, EXCHANGE_SLACK * elements)
-    return theirs >= CHAOTIC or beyond_out <= EXCHANGE_FACTOR * beyond_ref + slack
+    return theirs >= CHAOTIC or counts_within(beyond_out, beyond_ref, elements)
+
+
+def counts_within(beyond_out: int, beyond_ref: int, elements: int) -> bool:
+    """The peer rule's counts: the output beyond the reference at most EXCHANGE_FACTOR times as often as the
+    reverse, plus EXCHANGE_SLACK of its elements."""
+    return beyond_out <= EXCHANGE_FACTOR * beyond_ref + max(EXCHANGE_MIN_SLACK, EXCHANGE_SLACK * elements)
 
 
 def _beyond_local(d_own: torch.Tensor, allowed: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
