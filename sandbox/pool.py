@@ -1,12 +1,12 @@
 """Warm, jailed processes for candidates: started ahead of time, each used for one role and one candidate.
 
-A process takes seconds to start (torch, triton, a CUDA context); an evaluation takes one as its planner and,
-without a GPU, one as its interpreter executor, so `spares` are kept started while the current ones work.
+A process takes seconds to start (torch, triton); an evaluation takes one as its planner and, without a GPU, one as
+its interpreter executor, so `spares` are kept started while the current ones work.
 
-GPUs. By default a process gets no GPU at all: it compiles for the node's GPU kind without one and records
-plans on host memory (`deviceless`; Triton's autotuning is left to the trusted executor). Otherwise, with
-several GPUs, each new process is given the next GPU in turn (its CUDA context, the inputs it plans on
-and Triton's autotuning live there). Once a process is handed a role (it will run candidate code), it is listed in
+GPUs. By default a process gets no GPU at all: it compiles for the node's GPU kind without one and records plans on
+host memory (`deviceless`; Triton's autotuning is left to the trusted executor), so candidate code never runs on a
+GPU. With deviceless off, each new process is given the next GPU in turn (its CUDA context, the inputs it plans on
+and Triton's autotuning live there). Once such a process is handed a role (it will run candidate code), it is listed in
 a node-wide registry (a file per process under scratch_root()/kloop-gpu-users/<GPU UUID>/), and `quiet(uuid)` stops
 every listed process of that GPU, this session's or another's on the same node (a Ray planner task beside a Ray
 executor actor), while a trusted process times a kernel there: candidate code never runs on a GPU during another

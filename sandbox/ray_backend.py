@@ -5,12 +5,12 @@
         pending.assemble(), pending.verify(), pending.profile()
 
 - Planning is a Ray task per candidate (one CPU), which runs the jailed planner on whatever node Ray picks (on a GPU
-  node its planner uses that node's GPUs, in turn) and returns the checked plans as a tar archive; Ray runs a task
-  again elsewhere when its node dies.
+  node its planner compiles for that node's GPU without a device: sandbox/pool.py) and returns the checked plans as
+  a tar archive; Ray runs a task again elsewhere when its node dies.
 - Every GPU of the cluster gets a DeviceActor (num_gpus=1; on a CPU-only cluster, one per unit of the custom
   resource `kloop_device`), which holds that GPU's trusted executor and referee (a Session of its own) and loads,
-  verifies and profiles the plans sent to it. While it times, the planners on its GPU, this run's or any other on
-  its node, are stopped (sandbox/pool.py's node registry).
+  verifies and profiles the plans sent to it. While it times, planners given its GPU (KLOOP_DEVICELESS_PLANNERS=0),
+  this run's or any other on its node, are stopped (sandbox/pool.py's node registry).
 - The driver (this process) runs the graph and the queues (sandbox/pipeline.py), keeps the standing best (its
   plans go to an actor with each candidate that may challenge it), and alone writes the run database. An actor that
   dies with its node loses only the candidate it held: that candidate is evaluated again on another actor, and a
