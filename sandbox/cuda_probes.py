@@ -98,13 +98,26 @@ class CudaOnCpu(TorchFunctionMode):
 
 
 class _Device(contextlib.AbstractContextManager):
-    """torch.cuda.device(...): selects the one GPU there is."""
+    """torch.cuda.device(...) and device_of(tensor): selects the one GPU there is."""
 
     def __init__(self, device=None) -> None:
         self.idx = 0
 
     def __exit__(self, *exc) -> None:
         return None
+
+
+class _Stream:
+    """torch.cuda.current_stream(): the stream launches go to (Triton's driver answers 0 too); nothing runs here."""
+
+    cuda_stream = 0
+    device = CUDA0
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
 
 
 class _Utils:
@@ -163,7 +176,11 @@ def install() -> None:
     cuda.get_device_capability = lambda device=None: CAPABILITY
     cuda.get_device_name = lambda device=None: NAME
     cuda.mem_get_info = lambda device=None: (PROPERTIES.total_memory, PROPERTIES.total_memory)
-    cuda.device = _Device
+    cuda.device = cuda.device_of = _Device
+    cuda.current_stream = cuda.default_stream = lambda device=None: _Stream()
+    # a CPU tensor that says it is on a GPU is no cuDNN operand: nn.LSTM/GRU/RNN, built or moved, flatten their weights
+    # for cuDNN when it is, through the real device (with a CUDA build of torch and no device: "No CUDA GPUs")
+    torch.backends.cudnn.is_acceptable = lambda tensor: False
     torch.version.cuda = "13.0"
     driver.set_active(_Driver())
     CudaOnCpu().__enter__()   # left on for the process's life: every later call of candidate code runs under it

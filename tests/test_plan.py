@@ -337,6 +337,13 @@ def test_the_steps_inside_choose_steps_count_toward_the_plans_bound(tmp_path, mo
         load_plan(_choose_plan(tmp_path, [{"op": "choose", "site": 0, "options": [[LAUNCH] * 3, [LAUNCH] * 3]}]))
 
 
+def _h200() -> str:
+    """An H200 as the trusted side describes a GPU to a planner without a device (sandbox/cuda_probes.describe)."""
+    from sandbox.cuda_probes import PROPERTIES, TRITON_PROPERTIES
+
+    return json.dumps({"properties": {**vars(PROPERTIES), "name": "NVIDIA H200"}, "triton": TRITON_PROPERTIES})
+
+
 def test_a_planner_without_a_device_compiles_for_its_gpu_and_records_every_configuration(tmp_path):
     # A GPU node's planner (sandbox/pool.py, deviceless): no device, no interpreter; Triton compiles for the GPU
     # described in KLOOP_PLAN_GPU (ptxas needs none), and the autotuner's configurations become one choose step.
@@ -358,18 +365,47 @@ print(plan.sites(), [k.kind for k in plan.kernels], [k.metadata["target"]["arch"
 print([o[0].grid[0] for o in choose.options], [o[0].args[-1].value for o in choose.options])
 print(all((Path(sys.argv[3]) / k.blob).read_bytes()[:4] == b"\\x7fELF" for k in plan.kernels))
 """
-    from sandbox.cuda_probes import PROPERTIES, TRITON_PROPERTIES
-
-    gpu = json.dumps({"properties": {**vars(PROPERTIES), "name": "NVIDIA H200"}, "triton": TRITON_PROPERTIES})
     (tmp_path / "plan_one.py").write_text(script)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     candidate, target = REPO / "tests/candidates/honest_autotune.py", REPO / "tests/targets/tiny_add.py"
     done = subprocess.run([sys.executable, str(tmp_path / "plan_one.py"), str(candidate), str(target),
                            str(tmp_path / "plan")], capture_output=True,
                           text=True, cwd=REPO, timeout=300,
-                          env={**env, "KLOOP_PLAN_GPU": gpu, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO),
+                          env={**env, "KLOOP_PLAN_GPU": _h200(), "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO),
                                "TRITON_DEFAULT_FP_FUSION": "1"})
     n = 1000   # tiny_add's size: BLOCK 128 and 256 give grids of 8 and 4 programs
     assert done.stdout.split("\n")[-6:] == ["ok ok ok", "NVIDIA H200 True", "[2] ['triton', 'triton'] [90, 90]",
                                             f"[{-(-n // 128)}, {-(-n // 256)}] [128, 256]", "True", ""], \
         done.stdout + done.stderr[-3000:]
+
+
+def test_a_planner_without_a_device_builds_recurrent_layers_where_torch_has_cudnn(tmp_path):
+    # On a GPU node torch is a CUDA build: nn.GRU, built or moved to "cuda", flattens its weights for cuDNN when its
+    # (CPU) tensors say they are on a GPU, through the real device, which the planner does not have. Simulated here
+    # on a CPU build by making cuDNN look available.
+    candidate = tmp_path / "candidate.py"
+    candidate.write_text((REPO / "tests/candidates/honest_add.py").read_text().replace(
+        "class ModelNew(torch.nn.Module):\n", "class ModelNew(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.rnn = torch.nn.GRU(4, 4, 2).cuda()\n"
+        "        with torch.cuda.device_of(self.rnn.weight_hh_l0):\n"
+        "            torch.cuda.current_stream().synchronize()\n\n"))
+    script = """
+import sys
+from pathlib import Path
+import torch
+cudnn = torch.backends.cudnn.is_acceptable.__globals__   # the module behind torch's wrapper of it
+cudnn["is_available"] = cudnn["_init"] = lambda: True      # as on a CUDA build
+from sandbox.planner import Planner
+
+planner = Planner(type("Reply", (), {"write": lambda self, line: None})())
+print(planner.load(Path(sys.argv[2]).read_text(), sys.argv[1], 7)["status"], planner.build(0, {}, 11),
+      planner.record(sys.argv[3], 3)["status"])
+"""
+    (tmp_path / "plan_gru.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(tmp_path / "plan_gru.py"), str(candidate),
+                           str(REPO / "tests/targets/tiny_add.py"), str(tmp_path / "plan")], capture_output=True,
+                          text=True, cwd=REPO, timeout=300,
+                          env={**env, "KLOOP_PLAN_GPU": _h200(), "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO),
+                               "TRITON_DEFAULT_FP_FUSION": "1"})
+    assert done.stdout.split("\n")[-2:] == ["ok {'status': 'ok'} ok", ""], done.stdout + done.stderr[-3000:]
