@@ -4,7 +4,7 @@ the timeline.csv that tests/experiments/throughput.py writes.
     python tests/experiments/throughput_timeline.py results/throughput-h200x2/timeline.csv timeline.png
 
 One column per target, two rows:
-- top: attempts logged against seconds into the target's loop, for each phase (both GPUs, one GPU): the slope is the
+- top: attempts logged against seconds into the target's loop, for each phase (N GPUs, one GPU): the slope is the
   rate; the first attempt's wait (the reference's first run, the baselines' first timing) is the offset at the start.
 - bottom: each attempt's seconds on its device, stacked by stage (load, verify, profile: the timed rounds), against
   when it was logged, one marker shape per device and a dashed line for each phase's median after the first: a
@@ -21,11 +21,16 @@ from pathlib import Path
 
 # A device's time per candidate, as tools/records/bench.py's evaluation_seconds counts it (its "device")
 STAGES = (("load_s", "load"), ("verify_s", "verify"), ("profile_s", "profile: the timed rounds"))
-PHASES = {"pipelined": "both GPUs", "scaling_one_gpu": "one GPU", "sequential": "one at a time"}
+PHASES = {"pipelined": "{n} GPUs", "scaling_one_gpu": "one GPU", "sequential": "one at a time"}
 
 
 def _float(value: str) -> float:
     return float(value) if value not in ("", None) else 0.0
+
+
+def _label(phase: str, rows: list[dict]) -> str:
+    """The phase as the legend names it: the pipelined one by the number of devices its attempts ran on."""
+    return PHASES.get(phase, phase).format(n=len({r["device"] for r in rows}))
 
 
 def read(path: Path) -> dict[str, dict[str, list[dict]]]:
@@ -51,7 +56,7 @@ def draw(runs: dict[str, dict[str, list[dict]]], out: Path, title: str) -> None:
             logged = [_float(r["logged_s"]) for r in rows]
             rate = 60 * (len(rows) - 1) / (logged[-1] - logged[0]) if len(rows) > 1 and logged[-1] > logged[0] else 0
             top.step(logged, range(1, len(rows) + 1), where="post", color=colors.get(phase),
-                     label=f"{PHASES.get(phase, phase)}: {len(rows)} ({rate:.0f}/min after the first)")
+                     label=f"{_label(phase, rows)}: {len(rows)} ({rate:.0f}/min after the first)")
             devices = sorted({r["device"] for r in rows})
             for device, marker in zip(devices, ("o", "s", "^", "v")):
                 mine = [r for r in rows if r["device"] == device]
@@ -64,7 +69,7 @@ def draw(runs: dict[str, dict[str, list[dict]]], out: Path, title: str) -> None:
                                label=stage if first else None)
                     base = [b + h for b, h in zip(base, heights)]
                 bottom.scatter(x, base, marker=marker, s=14, color=colors.get(phase),
-                               label=f"{PHASES.get(phase, phase)}, {device}")
+                               label=f"{_label(phase, rows)}, {device}")
             device_s = [sum(_float(r[key]) for key, _ in STAGES) for r in rows[1:]]
             if device_s:
                 bottom.axhline(statistics.median(device_s), color=colors.get(phase), lw=1, ls="--")
