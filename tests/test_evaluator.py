@@ -897,3 +897,11 @@ def test_on_a_gpu_planners_reach_no_device_and_make_no_context(session):
     assert "context=False" in r.stdout, r.stdout
     if session.pool.isolation.mode == "bwrap":  # the other modes show the host's /dev (CUDA_VISIBLE_DEVICES is "")
         assert "devices: nvidiactl=False" in r.stdout, r.stdout
+
+
+@pytest.mark.skipif(HAS_GPU, reason="on a GPU the executor times every configuration")
+def test_on_the_cpu_an_autotuned_kernel_runs_its_first_configuration_and_says_so(tiny, session):
+    r = judge(tiny, "honest_autotune_slow_first", session)
+    assert r.verdict == "correct", r.reasons
+    assert "autotuned: the CPU ran the first configuration of each of 1 autotuned launches; a GPU runs the " \
+           "fastest, which only a GPU's checks judge" in r.flags, r.flags
