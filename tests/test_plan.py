@@ -409,3 +409,33 @@ print(planner.load(Path(sys.argv[2]).read_text(), sys.argv[1], 7)["status"], pla
                           env={**env, "KLOOP_PLAN_GPU": _h200(), "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO),
                                "TRITON_DEFAULT_FP_FUSION": "1"})
     assert done.stdout.split("\n")[-2:] == ["ok {'status': 'ok'} ok", ""], done.stdout + done.stderr[-3000:]
+
+
+def test_the_executor_keeps_each_sites_fastest_median_and_refuses_a_configuration_that_overruns(tmp_path):
+    # Executor._tune's choice, its GPU replays stood in for: site 0's options take 3, 1 and 2 ms (the first of each
+    # option's replays a slow warm-up), site 1's 5 and 4 ms; the timed replays' median decides, not the warm-up.
+    from types import SimpleNamespace
+
+    from sandbox.executor import TUNE_RUNS, Executor
+
+    executor = Executor(tmp_path)
+    executor.cuda = True
+    loaded = SimpleNamespace(plan=SimpleNamespace(sites=lambda: [3, 2]), choices=[0, 0], shape="s")
+    executor.loaded["k"] = loaded
+    executor.inputs = lambda shape, seed: None
+    ms = {(0, 0): 3.0, (0, 1): 1.0, (0, 2): 2.0, (1, 0): 5.0, (1, 1): 4.0}
+    replays = []
+
+    def run(key, timed):
+        site = 0 if len(replays) < 3 * (TUNE_RUNS + 1) else 1   # site 0's three options are replayed first
+        replays.append(tuple(loaded.choices))
+        first = len(replays) % (TUNE_RUNS + 1) == 1
+        return {"status": "ok", "ms": 100.0 if first else ms[(site, loaded.choices[site])]}
+
+    executor.run = run
+    assert executor._tune("k") == [{"site": 0, "chosen": 1, "ms": [3.0, 1.0, 2.0]},
+                                   {"site": 1, "chosen": 1, "ms": [5.0, 4.0]}]
+    assert loaded.choices == [1, 1] and replays[3 * (TUNE_RUNS + 1)] == (1, 0)   # site 0 at its choice by then
+    executor.run = lambda key, timed: {"status": "ok", "ms": 1.0, "overrun": "wrote outside its memory: past an end "
+                                       "of allocation 0"}
+    assert executor._tune("k") == "autotuned configuration 0 of 3 wrote outside its memory: past an end of allocation 0"
