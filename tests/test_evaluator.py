@@ -903,5 +903,5 @@ def test_on_a_gpu_planners_reach_no_device_and_make_no_context(session):
 def test_on_the_cpu_an_autotuned_kernel_runs_its_first_configuration_and_says_so(tiny, session):
     r = judge(tiny, "honest_autotune_slow_first", session)
     assert r.verdict == "correct", r.reasons
-    assert "autotuned: the CPU ran the first configuration of each of 1 autotuned launches; a GPU runs the " \
+    assert "autotuned: the CPU ran the first configuration of every autotuned launch (1 site); a GPU runs the " \
            "fastest, which only a GPU's checks judge" in r.flags, r.flags

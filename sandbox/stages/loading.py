@@ -56,10 +56,11 @@ class Loading(Stage):
                 self.result.flags += [f"autotuned: site {t['site']} ran option {t['chosen']} of {len(t['ms'])} "
                                       f"(medians {', '.join(f'{ms:.3f}' for ms in t['ms'])} ms)"
                                       for t in reply.get("tuned") or []]
-                if plan.sites() and not self.session.cuda:   # what this verdict could not check
-                    self.result.flags.append(f"autotuned: the CPU ran the first configuration of each of "
-                                             f"{len(plan.sites())} autotuned launches; a GPU runs the fastest, which "
-                                             "only a GPU's checks judge")
+                sites = len(plan.sites())
+                if sites and not self.session.cuda:   # what this verdict could not check
+                    self.result.flags.append(f"autotuned: the CPU ran the first configuration of every autotuned "
+                                             f"launch ({sites} site{'s' * (sites > 1)}); a GPU runs the fastest, "
+                                             "which only a GPU's checks judge")
                 self.io_bytes = sum(x.nbytes for x in plan.inputs if x.dtype is not None) + \
                     sum(ITEMSIZE[o.dtype] * math.prod(o.shape) for o in plan.outputs)
             self.output_meta.append([{"dtype": o.dtype, "shape": o.shape} for o in plan.outputs])
