@@ -61,6 +61,9 @@ def _answer_as(described: str) -> None:
     TRITON_PROPERTIES.update(gpu["triton"])
 
 
+# Threads a block may have whatever its registers (255 a thread, allocated as 256): 65536 // 256.
+MAX_THREADS_ANY_REGISTERS = 256
+
 # Property reads reach a TorchFunctionMode as the getter's __get__; inside the mode, `t.device` is the real one.
 _GETTERS = {torch._C.TensorBase.is_cuda: lambda t: t.device.type in ("cpu", "cuda"),
             torch._C.TensorBase.is_cpu: lambda t: False,
@@ -187,27 +190,33 @@ def install() -> None:
 
 
 def _compiled_kernels_without_a_device() -> None:
-    """Triton's compiled kernels, which nothing here loads: `_init_handles` (Triton calls it before a launch, the
-    tutorials to read `n_regs`) checks the kernel's shared memory against the described GPU, as loading it would,
-    and takes its registers and spills from the cubin (cuobjdump)."""
+    """Triton's compiled kernels, which nothing here loads: `_init_handles` (Triton calls it before every launch)
+    checks the kernel's shared memory and threads against the described GPU, as loading it would; `n_regs`,
+    `n_spills` and `n_max_threads` (the tutorials read them) come from the cubin (cuobjdump), read once a kernel and
+    only when asked: a launch of at most MAX_THREADS_ANY_REGISTERS threads fits whatever its registers."""
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime.errors import OutOfResources
 
     from tools.assemble import cubin_resources
 
+    def usage(self) -> dict:
+        if "kloop_usage" not in self.__dict__:
+            self.kloop_usage = (cubin_resources(self.kernel) or {}).get(self.name) or {}
+        return self.kloop_usage
+
+    def max_threads(self) -> int:
+        registers = max(8, -(-(self.n_regs or 0) // 8) * 8)   # allocated per thread in units of 8
+        return min(PROPERTIES.max_threads_per_block, TRITON_PROPERTIES["max_num_regs"] // registers // 32 * 32)
+
     def init_handles(self) -> None:
-        if getattr(self, "kloop_described", False):
-            return
         max_shared = TRITON_PROPERTIES["max_shared_mem"]
         if self.metadata.shared > max_shared:
             raise OutOfResources(self.metadata.shared, max_shared, "shared memory")
-        usage = (cubin_resources(self.kernel) or {}).get(self.name) or {}
-        self.n_regs, self.n_spills = usage.get("registers"), usage.get("local_bytes", 0) // 4
-        registers = max(8, -(-(self.n_regs or 0) // 8) * 8)   # allocated per thread in units of 8
-        self.n_max_threads = min(PROPERTIES.max_threads_per_block, TRITON_PROPERTIES["max_num_regs"] // registers
-                                 // 32 * 32)
-        if self.metadata.num_warps * self.metadata.warp_size > self.n_max_threads:
-            raise OutOfResources(self.metadata.num_warps * self.metadata.warp_size, self.n_max_threads, "threads")
-        self.kloop_described = True
+        threads = self.metadata.num_warps * self.metadata.warp_size
+        if threads > MAX_THREADS_ANY_REGISTERS and threads > self.n_max_threads:
+            raise OutOfResources(threads, self.n_max_threads, "threads")
 
     CompiledKernel._init_handles = init_handles
+    CompiledKernel.n_regs = property(lambda self: usage(self).get("registers"))
+    CompiledKernel.n_spills = property(lambda self: usage(self).get("local_bytes", 0) // 4)
+    CompiledKernel.n_max_threads = property(max_threads)

@@ -891,8 +891,13 @@ def test_on_a_gpu_the_executor_times_autotuned_configurations_and_runs_the_faste
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_planners_reach_no_device_and_make_no_context(session):
-    r = judge(load_target(str(TARGETS / "tiny_add_reports_devices.py")), "honest_add", session)
+def test_on_a_gpu_planners_reach_no_device_and_make_no_context(session, tmp_path):
+    # tiny_add, whose module says, where it is loaded, whether that process can reach a GPU device node and has made
+    # a CUDA context: a GPU node's planners (sandbox/pool.py, deviceless) must have done neither
+    target = tmp_path / "tiny_add_reports_devices.py"
+    target.write_text("import os\nimport torch\nprint(f\"devices: nvidiactl={os.path.exists('/dev/nvidiactl')} "
+                      "context={torch.cuda.is_initialized()}\")\n" + (TARGETS / "tiny_add.py").read_text())
+    r = judge(load_target(str(target)), "honest_add", session)
     assert r.verdict == "correct", r.reasons
     assert "context=False" in r.stdout, r.stdout
     if session.pool.isolation.mode == "bwrap":  # the other modes show the host's /dev (CUDA_VISIBLE_DEVICES is "")
