@@ -196,21 +196,21 @@ class Executor:
                           for o in plan.outputs]
         self.loaded[key] = loaded
         tuned = self._tune(key)
-        if isinstance(tuned, str):
-            return {"status": "incorrect", "message": tuned}
         reply = {"status": "ok", "resources": [self._resources(k, plan, kernel)
                                                for k, kernel in zip(plan.kernels, kernels)]}
+        if isinstance(tuned, str):
+            return {**reply, "overrun": tuned}
         return {**reply, "tuned": tuned} if tuned else reply   # only a GPU's (unjailed) executor tunes
 
     def _tune(self, key: str) -> list[dict] | str:
         """Triton's autotuning, done here under the executor's clock: each autotuned site's options (one per
         configuration) timed in a whole replay, TUNE_RUNS times after a warm-up, the others at their choice so far;
-        the fastest median is kept. Without a GPU every site keeps its first option (Triton's autotuner under the
-        interpreter: every configuration ties, the first wins). A configuration that writes outside its memory is the
-        candidate's bug, whichever is chosen: the reply's message (a str)."""
+        the fastest median is kept. Without a GPU each option runs once, for its guards, and every site keeps its first
+        (Triton's autotuner under the interpreter: every configuration ties, the first wins). A configuration that
+        writes outside its memory is the candidate's bug, whichever is chosen: the overrun's words (a str)."""
         loaded = self.loaded[key]
         sites = loaded.plan.sites()
-        if not sites or not self.cuda:
+        if not sites:
             return []
         self.inputs(loaded.shape, TUNE_SEED)
         tuned = []
@@ -218,13 +218,15 @@ class Executor:
             medians = []
             for option in range(count):
                 loaded.choices[site] = option
-                runs = [self.run(key, timed=True) for _ in range(TUNE_RUNS + 1)]
+                runs = [self.run(key, timed=self.cuda) for _ in range(TUNE_RUNS + 1 if self.cuda else 1)]
                 overrun = next((r["overrun"] for r in runs if "overrun" in r), None)
                 if overrun:
-                    return f"autotuned configuration {option} of {count} {overrun}"
-                medians.append(sorted(r["ms"] for r in runs[1:])[TUNE_RUNS // 2])
-            loaded.choices[site] = medians.index(min(medians))
-            tuned.append({"site": site, "chosen": loaded.choices[site], "ms": medians})
+                    return f"configuration {option} of {count} of an autotuned launch {overrun}"
+                if self.cuda:
+                    medians.append(sorted(r["ms"] for r in runs[1:])[TUNE_RUNS // 2])
+            loaded.choices[site] = medians.index(min(medians)) if self.cuda else 0
+            if self.cuda:
+                tuned.append({"site": site, "chosen": loaded.choices[site], "ms": medians})
         return tuned
 
     @staticmethod

@@ -910,3 +910,9 @@ def test_on_the_cpu_an_autotuned_kernel_runs_its_first_configuration_and_says_so
     assert r.verdict == "correct", r.reasons
     assert "autotuned: the CPU ran the first configuration of every autotuned launch (1 site); a GPU runs the " \
            "fastest, which only a GPU's checks judge" in r.flags, r.flags
+
+
+def test_an_autotuned_configuration_that_stores_past_its_output_is_incorrect_whichever_is_chosen(tiny, session):
+    r = judge(tiny, "autotuned_config_stores_past_end", session)
+    assert r.verdict == "incorrect" and r.reasons[0].startswith(
+        "main shape: configuration 1 of 2 of an autotuned launch wrote outside its memory: past an end of "), r.reasons

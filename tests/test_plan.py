@@ -438,4 +438,5 @@ def test_the_executor_keeps_each_sites_fastest_median_and_refuses_a_configuratio
     assert loaded.choices == [1, 1] and replays[3 * (TUNE_RUNS + 1)] == (1, 0)   # site 0 at its choice by then
     executor.run = lambda key, timed: {"status": "ok", "ms": 1.0, "overrun": "wrote outside its memory: past an end "
                                        "of allocation 0"}
-    assert executor._tune("k") == "autotuned configuration 0 of 3 wrote outside its memory: past an end of allocation 0"
+    assert executor._tune("k") == ("configuration 0 of 3 of an autotuned launch wrote outside its memory: past an end "
+                                   "of allocation 0")

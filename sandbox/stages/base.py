@@ -201,6 +201,15 @@ class Stage:
             self.result.withheld += [f"hidden variant {index}: {verdict}: {r[:WITHHELD_CHARS]}" for r in reasons]
         return [f"hidden variant {index}: {verdict}"]
 
+    def _overran(self, reply: dict, i: int) -> bool:
+        """A replay (or one while the executor autotuned a plan at load) wrote into a guard region around one of its
+        buffers (sandbox/executor.py): incorrect."""
+        if not reply.get("overrun"):
+            return False
+        self._finish("incorrect", *self._hidden(self._variant(i), "incorrect", f"{self._shape_name(i)}: "
+                                                                                 f"{reply['overrun']}"))
+        return True
+
     def _finish(self, verdict: str, *reasons: str) -> None:
         if self.result.verdict is None or self.result.verdict == "correct":
             self.result.verdict = verdict

@@ -178,11 +178,3 @@ class Checks(Stage):
             if found.get("worst"):
                 stats.worst = found["worst"]
         return list(reply.get("reasons") or [])
-
-    def _overran(self, reply: dict, i: int) -> bool:
-        """The replay wrote into a guard region around one of its buffers (sandbox/executor.py): incorrect."""
-        if not reply.get("overrun"):
-            return False
-        self._finish("incorrect", *self._hidden(self._variant(i), "incorrect", f"{self._shape_name(i)}: "
-                                                                                 f"{reply['overrun']}"))
-        return True

@@ -48,7 +48,7 @@ class Loading(Stage):
                                plan_dir=str(plan_dir), shape=key)
             if reply.get("status") == "not_run":
                 return self._ptx_not_run()
-            if not self._ok(reply, hidden=self._variant(i)):
+            if not self._ok(reply, hidden=self._variant(i)) or self._overran(reply, i):
                 return
             plan = load_plan(self.plans_dir / str(i) / "plan.json")
             if i == 0:
